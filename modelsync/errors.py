@@ -1,0 +1,97 @@
+"""One error tree for modelsync, with the exit code of each branch.
+
+Every error a user can cause or fix derives from `ModelsyncError`; the CLI prints
+it as a single `error: ...` line and exits with its code. Anything else that
+escapes is a bug: the CLI lets it show its traceback and exits 1.
+
+    ModelsyncError
+    ├── UsageError (2)              bad arguments, settings, schedule or config file
+    ├── NotFoundError (3)           bucket, prefix, key or cached model does not exist
+    ├── AccessDeniedError (4)       credentials rejected or not allowed
+    ├── IntegrityError (5)
+    │   ├── ChecksumMismatchError   bytes do not match the recorded digest or ETag
+    │   ├── ObjectChangedError      the object was overwritten during the pull
+    │   ├── UnsafeKeyError          a key would escape or alias inside the cache
+    │   └── ManifestError           modelsync.manifest.json is malformed
+    ├── LocalStorageError (6)
+    │   └── DiskFullError           not enough space for the model
+    └── RemoteUnavailableError (7)  endpoint unreachable or failing after retries
+
+Only adapters translate foreign exceptions (botocore, aiohttp, OSError) into
+these; the core raises them directly.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes; the README's table is this enum."""
+
+    OK = 0
+    INTERNAL = 1
+    USAGE = 2
+    NOT_FOUND = 3
+    ACCESS_DENIED = 4
+    INTEGRITY = 5
+    LOCAL_STORAGE = 6
+    REMOTE_UNAVAILABLE = 7
+
+
+class ModelsyncError(Exception):
+    """A condition the user can act on; its message says what to do next."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    #: machine-readable code used in structured logs and metrics
+    code: str = "internal"
+
+
+class UsageError(ModelsyncError):
+    exit_code = ExitCode.USAGE
+    code = "usage"
+
+
+class NotFoundError(ModelsyncError):
+    exit_code = ExitCode.NOT_FOUND
+    code = "not_found"
+
+
+class AccessDeniedError(ModelsyncError):
+    exit_code = ExitCode.ACCESS_DENIED
+    code = "access_denied"
+
+
+class IntegrityError(ModelsyncError):
+    exit_code = ExitCode.INTEGRITY
+    code = "integrity"
+
+
+class ChecksumMismatchError(IntegrityError):
+    code = "checksum_mismatch"
+
+
+class ObjectChangedError(IntegrityError):
+    code = "object_changed"
+
+
+class UnsafeKeyError(IntegrityError):
+    code = "unsafe_key"
+
+
+class ManifestError(IntegrityError):
+    code = "bad_manifest"
+
+
+class LocalStorageError(ModelsyncError):
+    exit_code = ExitCode.LOCAL_STORAGE
+    code = "local_storage"
+
+
+class DiskFullError(LocalStorageError):
+    code = "disk_full"
+
+
+class RemoteUnavailableError(ModelsyncError):
+    exit_code = ExitCode.REMOTE_UNAVAILABLE
+    code = "remote_unavailable"

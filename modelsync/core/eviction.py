@@ -1,0 +1,378 @@
+"""Which cached models to evict, decided as a pure plan before anything is deleted.
+
+Eviction is *plan, then execute*: these functions only choose. The engine
+unpublishes and deletes what a plan names, `--dry-run` prints `describe()`, and
+tests compare plans without a disk. Nothing here reads the clock; `now` is a
+parameter.
+
+The contract is least-recently-used order, not the smallest set of victims:
+operators can predict LRU, and a greedy walk in that order is O(n log n) on a
+cache of any size. Quarantined entries go first, since they are no longer served.
+
+An entry is *protected* (never chosen to make room) when it is
+
+- pinned: the operator asked to keep it;
+- pulling: its staging belongs to a running pull, and it has no ready path to unpublish;
+- leased: a running consumer declared it in use until `in_use_until`;
+- in use: pulled or touched less than `grace_s` ago, so a consumer that is about
+  to open it is not surprised (the daemon's default grace is 10 minutes);
+- protected by the caller, typically because the schedule wants it soon.
+
+Files shared across revisions are hard links, so bytes are counted per physical
+file (`Blob`, keyed by device and inode): a blob frees its size only when the
+last entry holding it is evicted.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+from modelsync.errors import NotFoundError, UsageError
+
+_NOTHING_PROTECTED: Mapping[str, str] = MappingProxyType({})
+#: how many protected models a one-line summary names before saying "and N more"
+_SUMMARY_NAMES = 5
+
+
+class EntryState(enum.Enum):
+    READY = "ready"
+    PULLING = "pulling"
+    QUARANTINED = "quarantined"
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """One physical file: `key` is (device, inode), shared by every hard link to it.
+
+    For a PULLING entry the caller may also describe reserved, not yet written
+    space as blobs with keys of its own choosing, so concurrent pulls see it as used.
+    """
+
+    key: tuple[int, int]
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """What eviction needs to know about one cached model (an index row)."""
+
+    model: str
+    #: epoch seconds of the last pull or touch
+    last_used: float
+    pinned: bool = False
+    state: EntryState = EntryState.READY
+    #: epoch seconds until which a running consumer holds a lease; None when none does
+    in_use_until: float | None = None
+    blobs: frozenset[Blob] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Protection:
+    """Why a model was not eligible, so "it can never fit" can say what is in the way."""
+
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionPlan:
+    """Models to evict, in order, and what that achieves.
+
+    `satisfied` is always `freed_bytes >= needed_bytes`. When it is False,
+    `victims` is what the plan *would* evict; callers usually refuse to act on it.
+    """
+
+    victims: tuple[str, ...]
+    freed_bytes: int
+    needed_bytes: int
+    satisfied: bool
+    protected: tuple[Protection, ...] = ()
+
+    def describe(self) -> list[str]:
+        """Human lines for `--dry-run`: a one-line summary first, then each model.
+
+        The summary alone is the message of a "can never fit" error: it names the
+        bytes still missing and what is pinned or protected.
+        """
+        lines = [self._summary()]
+        lines += [f"  evict {model}" for model in self.victims]
+        lines += [f"  keep {p.model}: {p.reason}" for p in self.protected]
+        return lines
+
+    def _summary(self) -> str:
+        freed = _format_bytes(self.freed_bytes)
+        if not self.satisfied:
+            blockers = [f"{p.model} ({p.reason})" for p in self.protected[:_SUMMARY_NAMES]]
+            if len(self.protected) > _SUMMARY_NAMES:
+                blockers.append(f"and {len(self.protected) - _SUMMARY_NAMES} more")
+            in_the_way = "; protected: " + ", ".join(blockers) if blockers else ""
+            return (
+                f"cannot free {_format_bytes(self.needed_bytes)}: evicting every eligible "
+                f"model frees only {freed}{in_the_way}"
+            )
+        if not self.victims:
+            return "nothing to evict"
+        count = f"{len(self.victims)} model{'s' if len(self.victims) != 1 else ''}"
+        needed = f" (needed {_format_bytes(self.needed_bytes)})" if self.needed_bytes else ""
+        return f"evict {count}, freeing {freed}{needed}"
+
+
+def unique_bytes(entries: Iterable[CacheEntry]) -> int:
+    """Bytes on disk, counting each physical file once however many entries link it."""
+    return _Ledger(tuple(entries)).total_bytes
+
+
+def plan_eviction(
+    entries: Iterable[CacheEntry],
+    needed_bytes: int,
+    now: float,
+    grace_s: float,
+    protected: Mapping[str, str] = _NOTHING_PROTECTED,
+) -> EvictionPlan:
+    """Free at least `needed_bytes`, taking eligible entries in eviction order.
+
+    Stops at the first victim that makes it enough. `protected` maps a model to
+    the reason it must stay (for example the schedule wanting it soon).
+    """
+    if needed_bytes < 0:
+        raise ValueError(f"needed_bytes must not be negative, got {needed_bytes}")
+    return _plan_greedy(tuple(entries), needed_bytes, needed_bytes, now, grace_s, protected)
+
+
+def plan_to_size(
+    entries: Iterable[CacheEntry],
+    target_bytes: int,
+    now: float,
+    grace_s: float,
+    protected: Mapping[str, str] = _NOTHING_PROTECTED,
+) -> EvictionPlan:
+    """Evict until the unique bytes on disk are at most `target_bytes` (`evict --to-size`)."""
+    if target_bytes < 0:
+        raise ValueError(f"target_bytes must not be negative, got {target_bytes}")
+    cached = tuple(entries)
+    needed = max(0, _Ledger(cached).total_bytes - target_bytes)
+    return _plan_greedy(cached, needed, needed, now, grace_s, protected)
+
+
+def plan_watermarks(
+    entries: Iterable[CacheEntry],
+    budget_bytes: int,
+    high_ratio: float,
+    low_ratio: float,
+    incoming_bytes: int,
+    now: float,
+    grace_s: float,
+    protected: Mapping[str, str] = _NOTHING_PROTECTED,
+) -> EvictionPlan:
+    """Keep the cache under its budget with hysteresis, making room for `incoming_bytes`.
+
+    Nothing happens until used + incoming exceeds the high watermark; then
+    eviction aims for the low watermark, so the next pulls do not each trigger
+    another eviction. The watermark is only an aim: `needed_bytes` is what must
+    go for the incoming bytes to fit within the whole budget, and `satisfied`
+    means they fit. Otherwise pinned models sitting above the low watermark
+    would make every pull that crosses the high one fail.
+    """
+    if not 0 <= low_ratio <= high_ratio <= 1:
+        raise ValueError(f"need 0 <= low <= high <= 1, got low={low_ratio}, high={high_ratio}")
+    if budget_bytes < 0 or incoming_bytes < 0:
+        raise ValueError("budget_bytes and incoming_bytes must not be negative")
+    cached = tuple(entries)
+    after_pull = _Ledger(cached).total_bytes + incoming_bytes
+    over_high = after_pull > high_ratio * budget_bytes
+    aim = after_pull - int(low_ratio * budget_bytes) if over_high else 0
+    needed = max(0, after_pull - budget_bytes)
+    return _plan_greedy(cached, max(0, aim), needed, now, grace_s, protected)
+
+
+def plan_unused(
+    entries: Iterable[CacheEntry],
+    unused_for_s: float,
+    now: float,
+    grace_s: float,
+    protected: Mapping[str, str] = _NOTHING_PROTECTED,
+) -> EvictionPlan:
+    """Every eligible entry not used for at least `unused_for_s` (`evict --unused-for`)."""
+    cached = tuple(entries)
+    eligible, _, protections = _partition(cached, now, grace_s, protected)
+    victims = [e for e in eligible if now - e.last_used >= unused_for_s]
+    ledger = _Ledger(cached)
+    freed = sum(ledger.remove(e) for e in victims)
+    return EvictionPlan(
+        victims=tuple(e.model for e in victims),
+        freed_bytes=freed,
+        needed_bytes=0,
+        satisfied=True,
+        protected=protections,
+    )
+
+
+def plan_named(entries: Iterable[CacheEntry], models: Iterable[str], force: bool) -> EvictionPlan:
+    """Evict exactly the models an operator named, in the order named.
+
+    An explicit request overrides recency and leases, and `force` overrides a
+    pin. A pull in progress is refused even with `force`: its files are still
+    being written by another process and it has no ready path to unpublish.
+    """
+    cached = tuple(entries)
+    by_model = {e.model: e for e in cached}
+    victims: list[CacheEntry] = []
+    for model in dict.fromkeys(models):
+        entry = by_model.get(model)
+        if entry is None:
+            raise NotFoundError(f"no cached model {model!r}; run `modelsync ls`")
+        if entry.state is EntryState.PULLING:
+            raise UsageError(
+                f"cannot evict {model!r} while it is being pulled (its files are still "
+                "being written); retry when the pull has finished or been stopped"
+            )
+        if entry.pinned and not force:
+            raise UsageError(
+                f"{model!r} is pinned; run `modelsync unpin {model}` first, or pass --force"
+            )
+        victims.append(entry)
+    ledger = _Ledger(cached)
+    freed = sum(ledger.remove(e) for e in victims)
+    return EvictionPlan(
+        victims=tuple(e.model for e in victims),
+        freed_bytes=freed,
+        needed_bytes=0,
+        satisfied=True,
+    )
+
+
+class _Ledger:
+    """How many entries hold each blob, so a removal frees only blobs it held last."""
+
+    __slots__ = ("_holders", "_sizes")
+
+    def __init__(self, entries: tuple[CacheEntry, ...]) -> None:
+        self._holders: dict[tuple[int, int], int] = {}
+        self._sizes: dict[tuple[int, int], int] = {}
+        models: set[str] = set()
+        for entry in entries:
+            if entry.model in models:
+                raise ValueError(f"model {entry.model!r} appears twice in the cache entries")
+            models.add(entry.model)
+            for blob in entry.blobs:
+                known = self._sizes.setdefault(blob.key, blob.size_bytes)
+                if known != blob.size_bytes:
+                    raise ValueError(
+                        f"blob {blob.key} has two sizes: {known} and {blob.size_bytes}"
+                    )
+                self._holders[blob.key] = self._holders.get(blob.key, 0) + 1
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def remove(self, entry: CacheEntry) -> int:
+        """Forget `entry` and return the bytes of the blobs no other entry still holds."""
+        freed = 0
+        for blob in entry.blobs:
+            self._holders[blob.key] -= 1
+            if self._holders[blob.key] == 0:
+                freed += blob.size_bytes
+        return freed
+
+
+def _plan_greedy(
+    cached: tuple[CacheEntry, ...],
+    aim_bytes: int,
+    needed_bytes: int,
+    now: float,
+    grace_s: float,
+    protected: Mapping[str, str],
+) -> EvictionPlan:
+    """Walk eligible entries in eviction order until `aim_bytes` are freed.
+
+    An entry whose every blob is also held by a protected entry is passed over:
+    evicting it could never free a byte, only lose a usable model.
+    """
+    eligible, kept, protections = _partition(cached, now, grace_s, protected)
+    kept_blobs = {blob.key for entry in kept for blob in entry.blobs}
+    ledger = _Ledger(cached)
+    victims: list[str] = []
+    freed = 0
+    for entry in eligible:
+        if freed >= aim_bytes:
+            break
+        if all(blob.key in kept_blobs for blob in entry.blobs):
+            continue
+        victims.append(entry.model)
+        freed += ledger.remove(entry)
+    return EvictionPlan(
+        victims=tuple(victims),
+        freed_bytes=freed,
+        needed_bytes=needed_bytes,
+        satisfied=freed >= needed_bytes,
+        protected=protections,
+    )
+
+
+def _partition(
+    cached: tuple[CacheEntry, ...], now: float, grace_s: float, protected: Mapping[str, str]
+) -> tuple[list[CacheEntry], list[CacheEntry], tuple[Protection, ...]]:
+    """Split entries into the eligible (in eviction order), the kept, and why each is kept."""
+    eligible: list[CacheEntry] = []
+    kept: list[CacheEntry] = []
+    protections: list[Protection] = []
+    for entry in cached:
+        reason = _protection_reason(entry, now, grace_s, protected)
+        if reason is None:
+            eligible.append(entry)
+        else:
+            kept.append(entry)
+            protections.append(Protection(entry.model, reason))
+    eligible.sort(key=_eviction_order)
+    protections.sort(key=lambda p: p.model)
+    return eligible, kept, tuple(protections)
+
+
+def _eviction_order(entry: CacheEntry) -> tuple[bool, float, str]:
+    """Quarantined first, then least recently used; the name breaks ties so plans repeat."""
+    return (entry.state is not EntryState.QUARANTINED, entry.last_used, entry.model)
+
+
+def _protection_reason(
+    entry: CacheEntry, now: float, grace_s: float, protected: Mapping[str, str]
+) -> str | None:
+    """The first reason `entry` must stay, strongest first, or None if it may go."""
+    if entry.pinned:
+        return "pinned"
+    if entry.state is EntryState.PULLING:
+        return "pulling"
+    if entry.in_use_until is not None and entry.in_use_until > now:
+        until = datetime.fromtimestamp(entry.in_use_until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"leased by a consumer until {until}"
+    idle_s = now - entry.last_used
+    if idle_s < grace_s:
+        return (
+            f"in use (used {_format_duration(max(0.0, idle_s))} ago, "
+            f"grace {_format_duration(grace_s)})"
+        )
+    return protected.get(entry.model)
+
+
+def _format_bytes(n: int) -> str:
+    """Binary units with at most one decimal; a stand-in until core/units.py has one."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    value, exponent = float(n), 0
+    while abs(value) >= 1024 and exponent < len(units) - 1:
+        value, exponent = value / 1024, exponent + 1
+    if exponent == 0:
+        return f"{n} B"
+    return f"{value:.1f}".removesuffix(".0") + f" {units[exponent]}"
+
+
+def _format_duration(seconds: float) -> str:
+    """The largest whole unit (`45s`, `3m`, `2h`, `7d`); a stand-in until core/units.py."""
+    whole = int(seconds)
+    for unit, unit_s in (("d", 86400), ("h", 3600), ("m", 60)):
+        if whole >= unit_s:
+            return f"{whole // unit_s}{unit}"
+    return f"{whole}s"

@@ -7,11 +7,9 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     -t registry.example.internal/platform/modelsync:0.1.0 --push .
 # Nothing below is architecture-specific: the base image is multi-arch and the
-# dependencies ship wheels for both. Behind a package mirror, pass
-#   --build-arg PIP_INDEX_URL=https://<mirror>/simple
+# dependencies ship wheels for both, so no compiler is needed.
 FROM python:3.11-slim
 
-ARG PIP_INDEX_URL
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from modelsync.core.units import format_bytes, format_duration
 from modelsync.errors import NotFoundError, UsageError
 
 _NOTHING_PROTECTED: Mapping[str, str] = MappingProxyType({})
@@ -104,20 +105,20 @@ class EvictionPlan:
         return lines
 
     def _summary(self) -> str:
-        freed = _format_bytes(self.freed_bytes)
+        freed = format_bytes(self.freed_bytes)
         if not self.satisfied:
             blockers = [f"{p.model} ({p.reason})" for p in self.protected[:_SUMMARY_NAMES]]
             if len(self.protected) > _SUMMARY_NAMES:
                 blockers.append(f"and {len(self.protected) - _SUMMARY_NAMES} more")
             in_the_way = "; protected: " + ", ".join(blockers) if blockers else ""
             return (
-                f"cannot free {_format_bytes(self.needed_bytes)}: evicting every eligible "
+                f"cannot free {format_bytes(self.needed_bytes)}: evicting every eligible "
                 f"model frees only {freed}{in_the_way}"
             )
         if not self.victims:
             return "nothing to evict"
         count = f"{len(self.victims)} model{'s' if len(self.victims) != 1 else ''}"
-        needed = f" (needed {_format_bytes(self.needed_bytes)})" if self.needed_bytes else ""
+        needed = f" (needed {format_bytes(self.needed_bytes)})" if self.needed_bytes else ""
         return f"evict {count}, freeing {freed}{needed}"
 
 
@@ -352,27 +353,7 @@ def _protection_reason(
     idle_s = now - entry.last_used
     if idle_s < grace_s:
         return (
-            f"in use (used {_format_duration(max(0.0, idle_s))} ago, "
-            f"grace {_format_duration(grace_s)})"
+            f"in use (used {format_duration(max(0.0, idle_s))} ago, "
+            f"grace {format_duration(grace_s)})"
         )
     return protected.get(entry.model)
-
-
-def _format_bytes(n: int) -> str:
-    """Binary units with at most one decimal; a stand-in until core/units.py has one."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    value, exponent = float(n), 0
-    while abs(value) >= 1024 and exponent < len(units) - 1:
-        value, exponent = value / 1024, exponent + 1
-    if exponent == 0:
-        return f"{n} B"
-    return f"{value:.1f}".removesuffix(".0") + f" {units[exponent]}"
-
-
-def _format_duration(seconds: float) -> str:
-    """The largest whole unit (`45s`, `3m`, `2h`, `7d`); a stand-in until core/units.py."""
-    whole = int(seconds)
-    for unit, unit_s in (("d", 86400), ("h", 3600), ("m", 60)):
-        if whole >= unit_s:
-            return f"{whole // unit_s}{unit}"
-    return f"{whole}s"

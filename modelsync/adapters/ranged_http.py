@@ -442,12 +442,21 @@ class RangeClient:
                 limiter.consume(n)
             fill += n
             remaining -= n
-            if fill == cap or remaining == 0:
-                written += _pwrite_all(fd, buf[:fill], file_offset + written)
+            if fill == cap:
+                written += self._flush(fd, buf[:fill], file_offset + written, on_progress)
                 fill = 0
-                if on_progress is not None:
-                    on_progress(written)
+        if fill:  # the tail, or a body that arrived whole with the head
+            written += self._flush(fd, buf[:fill], file_offset + written, on_progress)
         return written
+
+    @staticmethod
+    def _flush(
+        fd: int, data: memoryview, offset: int, on_progress: Callable[[int], None] | None
+    ) -> int:
+        n = _pwrite_all(fd, data, offset)
+        if on_progress is not None:
+            on_progress(n)
+        return n
 
     def _raise_for_status(self, conn: _Conn, head: _Head, req: RangeRequest) -> None:
         status = head.status

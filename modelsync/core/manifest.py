@@ -88,14 +88,14 @@ def parse_manifest(data: bytes, source: str) -> Manifest:
     files: list[FileEntry] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_files):
-        files.append(_parse_entry(raw, i, bad))
+        files.append(parse_file_entry(raw, i, bad))
         if files[-1].path in seen:
             raise bad(f"files[{i}]: duplicate path {files[-1].path!r}")
         seen.add(files[-1].path)
     return Manifest(files=tuple(files))
 
 
-def _parse_entry(raw: object, i: int, bad: Callable[[str], ManifestError]) -> FileEntry:
+def parse_file_entry(raw: object, i: int, bad: Callable[[str], ManifestError]) -> FileEntry:
     if not isinstance(raw, dict):
         raise bad(f"files[{i}] is not an object")
     path, size, digest, etag = raw.get("path"), raw.get("size"), raw.get("xxh3_128"), raw.get("etag")

@@ -1,0 +1,3 @@
+from modelsync.cli import main
+
+main()

@@ -1,0 +1,357 @@
+"""The on-disk cache: ready models, completion records, staging, journals and locks.
+
+Layout (docs/ARCHITECTURE.md):
+
+    <root>/<bucket>/<prefix>/          ready models, read-only files
+    <root>/.modelsync/records/<slug>.json
+    <root>/.modelsync/staging/<slug>/  and  staging/<slug>.journal
+    <root>/.modelsync/locks/<slug>.lock
+    <root>/.modelsync/trash/
+
+Correctness never rests on the lock: staging names are unique per model, the
+record is written before the ready rename, and the ready rename is atomic, so a
+crash or an ineffective lock (some network filesystems) leaves either the old
+state or the new one. The lock only spares duplicate downloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from modelsync.adapters import fs
+from modelsync.core.record import CompletionRecord, parse_record, render_record
+from modelsync.core.refs import ModelRef
+from modelsync.errors import ManifestError
+
+STATE_DIR = ".modelsync"
+LAYOUT_VERSION = "1"
+JOURNAL_VERSION = 1
+
+
+def boot_id() -> str:
+    """Identifies this boot: journaled parts are trusted only within the boot that wrote them.
+
+    kill -9 keeps the page cache, so parts written before it are intact; a power
+    loss may not, so a journal from an earlier boot is discarded.
+    """
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+@dataclass(slots=True)
+class JournalState:
+    """What an interrupted pull left: per file its ETag and layout, parts written, files verified."""
+
+    files: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # path -> (etag, size, part size)
+    parts: dict[str, set[int]] = field(default_factory=dict)
+    verified: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (xxh3_128, verified_by)
+
+    def done_parts(self) -> dict[tuple[str, str], frozenset[int]]:
+        return {
+            (path, etag): frozenset(self.parts.get(path, ()))
+            for path, (etag, _size, _part) in self.files.items()
+        }
+
+    def part_sizes(self) -> dict[str, int]:
+        return {path: part for path, (_etag, _size, part) in self.files.items()}
+
+
+class Journal:
+    """Append-only JSON lines; a torn last line (crash mid-write) is ignored on load."""
+
+    def __init__(self, path: Path, source: str) -> None:
+        self.path = path
+        self.source = source
+        self._fd: int | None = None
+
+    def load(self) -> JournalState:
+        """The state to resume from; empty when absent, from another source, or from another boot."""
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return JournalState()
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        if not records or records[0] != self._header():
+            return JournalState()
+        state = JournalState()
+        for rec in records[1:]:
+            if not isinstance(rec, dict):
+                continue
+            if "file" in rec:
+                path = rec["file"]
+                state.files[path] = (rec["etag"], rec["size"], rec["part_size"])
+                state.parts[path] = set()
+                state.verified.pop(path, None)
+            elif "part" in rec and rec["part"] in state.parts:
+                state.parts[rec["part"]].add(rec["i"])
+            elif "verified" in rec and rec["verified"] in state.files:
+                state.verified[rec["verified"]] = (rec["xxh3_128"], rec["by"])
+        return state
+
+    def start(self, keep: bool) -> None:
+        """Open for appending; a fresh journal (keep=False) starts with its header."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        if not keep:
+            flags |= os.O_TRUNC
+        self._fd = os.open(self.path, flags, fs.FILE_MODE)
+        if not keep:
+            self._append(self._header())
+
+    def begin_file(self, path: str, etag: str, size_bytes: int, part_size_bytes: int) -> None:
+        self._append({"file": path, "etag": etag, "size": size_bytes, "part_size": part_size_bytes})
+
+    def part_written(self, path: str, index: int) -> None:
+        self._append({"part": path, "i": index})
+
+    def file_verified(self, path: str, xxh3_128: str, verified_by: str) -> None:
+        self._append({"verified": path, "xxh3_128": xxh3_128, "by": verified_by})
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _header(self) -> dict[str, object]:
+        return {"journal": JOURNAL_VERSION, "source": self.source, "boot_id": boot_id()}
+
+    def _append(self, record: dict[str, object]) -> None:
+        assert self._fd is not None, "journal not started"
+        # One write per line: O_APPEND keeps concurrent lines whole.
+        os.write(self._fd, json.dumps(record, separators=(",", ":")).encode() + b"\n")
+
+
+class Staging:
+    """Where one model's files are written before the ready rename."""
+
+    def __init__(self, cache: Cache, ref: ModelRef) -> None:
+        self.dir = cache.staging_dir / ref.slug
+        self.journal = Journal(cache.staging_dir / f"{ref.slug}.journal", ref.uri)
+
+    def prepare(self, resume: bool) -> None:
+        """Create the staging directory; without resume, start from nothing."""
+        if not resume:
+            fs.remove_tree(self.dir)
+        with fs.storage_errors(self.dir):
+            fs.make_dirs(self.dir)
+            self.journal.start(keep=resume)
+
+    def open_file(self, relative: str, size_bytes: int) -> int:
+        """Open the staging file for writing at offsets; space is reserved up front."""
+        root = fs.open_dir(self.dir)
+        try:
+            fd = fs.open_file_beneath(root, PurePosixPath(relative), os.O_RDWR | os.O_CREAT)
+        finally:
+            os.close(root)
+        try:
+            if os.fstat(fd).st_size != size_bytes:
+                os.ftruncate(fd, size_bytes)
+            if size_bytes:
+                os.posix_fallocate(fd, 0, size_bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def discard_file(self, relative: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            root = fs.open_dir(self.dir)
+            try:
+                parent = fs.open_dir_beneath(root, PurePosixPath(relative).parent, create=False)
+                try:
+                    os.unlink(PurePosixPath(relative).name, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            finally:
+                os.close(root)
+
+    def discard(self) -> None:
+        self.journal.close()
+        fs.remove_tree(self.dir)
+        with contextlib.suppress(FileNotFoundError):
+            self.journal.path.unlink()
+
+
+class ModelLock:
+    """An exclusive flock per model; the kernel releases it when its holder dies, even by kill -9."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.holder_path = path.with_suffix(".holder")
+        self._fd: int | None = None
+
+    def acquire(self, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> None:
+        """Block until held; `on_wait` is called now and then with who holds it."""
+        with fs.storage_errors(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
+        next_report = 0.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                if on_wait is not None and now >= next_report:
+                    on_wait(self.describe_holder())
+                    next_report = now + 5.0
+                time.sleep(poll_s)
+        self._fd = fd
+        with contextlib.suppress(OSError):
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+            fs.write_atomic(self.holder_path, json.dumps(holder).encode())
+
+    def describe_holder(self) -> str:
+        try:
+            holder = json.loads(self.holder_path.read_bytes())
+            return f"pid {holder['pid']} on {holder['host']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.holder_path.unlink()
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+class Cache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state_dir = root / STATE_DIR
+        self.records_dir = self.state_dir / "records"
+        self.staging_dir = self.state_dir / "staging"
+        self.locks_dir = self.state_dir / "locks"
+        self.trash_dir = self.state_dir / "trash"
+        self.quarantine_dir = self.state_dir / "quarantine"
+
+    def ensure(self) -> None:
+        """Create the layout; fails with LocalStorageError when the root is unusable."""
+        with fs.storage_errors(self.root):
+            for d in (self.records_dir, self.staging_dir, self.locks_dir, self.trash_dir, self.quarantine_dir):
+                fs.make_dirs(d)
+            layout = self.state_dir / "layout"
+            if not layout.exists():
+                fs.write_atomic(layout, LAYOUT_VERSION.encode() + b"\n")
+
+    def ready_path(self, ref: ModelRef) -> Path:
+        return self.root / ref.cache_path
+
+    def record_path(self, ref: ModelRef) -> Path:
+        return self.records_dir / f"{ref.slug}.json"
+
+    def load_record(self, ref: ModelRef) -> CompletionRecord | None:
+        path = self.record_path(ref)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            record = parse_record(data, str(path))
+        except ManifestError:
+            return None
+        return record if record.source == ref.uri else None
+
+    def ready_record(self, ref: ModelRef) -> CompletionRecord | None:
+        """The record of a ready model: its record exists and its directory is a real directory."""
+        record = self.load_record(ref)
+        if record is None:
+            return None
+        try:
+            st = os.lstat(self.ready_path(ref))
+        except FileNotFoundError:
+            return None
+        return record if stat.S_ISDIR(st.st_mode) else None
+
+    def staging(self, ref: ModelRef) -> Staging:
+        return Staging(self, ref)
+
+    def lock(self, ref: ModelRef) -> ModelLock:
+        return ModelLock(self.locks_dir / f"{ref.slug}.lock")
+
+    @contextlib.contextmanager
+    def locked(self, ref: ModelRef, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+        lock = self.lock(ref)
+        lock.acquire(on_wait)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def publish(self, ref: ModelRef, staging: Staging, record: CompletionRecord) -> Path:
+        """Make the staged model ready in one rename, after its record is durable."""
+        ready = self.ready_path(ref)
+        with fs.storage_errors(ready):
+            staging.journal.close()
+            _seal_tree(staging.dir)
+            fs.write_atomic(self.record_path(ref), render_record(record))
+            root = fs.open_dir(self.root)
+            try:
+                parent = fs.open_dir_beneath(root, PurePosixPath(*ref.cache_path.parts[:-1]), create=True)
+            finally:
+                os.close(root)
+            try:
+                self._move_aside(parent, ref.cache_path.name)
+                os.rename(staging.dir, ref.cache_path.name, dst_dir_fd=parent)
+                os.fsync(parent)
+            finally:
+                os.close(parent)
+            with contextlib.suppress(FileNotFoundError):
+                staging.journal.path.unlink()
+        return ready
+
+    def unpublish(self, ref: ModelRef) -> None:
+        """Make a model not ready: the ready path disappears in one rename, then the data goes."""
+        ready = self.ready_path(ref)
+        with fs.storage_errors(ready):
+            try:
+                parent = fs.open_dir(ready.parent)
+            except FileNotFoundError:
+                parent = None
+            if parent is not None:
+                try:
+                    self._move_aside(parent, ready.name)
+                finally:
+                    os.close(parent)
+            with contextlib.suppress(FileNotFoundError):
+                self.record_path(ref).unlink()
+
+    def _move_aside(self, parent_fd: int, name: str) -> None:
+        """A stale directory at the ready path (no valid record) goes to trash, then is deleted."""
+        try:
+            os.lstat(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return
+        doomed = self.trash_dir / f"{name}-{os.getpid()}-{os.urandom(4).hex()}"
+        os.rename(name, doomed, src_dir_fd=parent_fd)
+        fs.remove_tree(doomed)
+
+
+def _seal_tree(directory: Path) -> None:
+    """fsync every file and directory and make files read-only before they become visible."""
+    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, fs.READY_FILE_MODE)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for name in dirnames:
+            fs.fsync_dir(Path(dirpath, name))
+    fs.fsync_dir(directory)

@@ -1,0 +1,141 @@
+"""Filesystem primitives that never follow a symlink and translate errno into modelsync errors.
+
+The cache may be shared with other containers; a symlink planted inside it must
+not redirect a write, a rename or a delete outside it. Every path below the
+cache root is therefore walked one segment at a time with directory file
+descriptors and O_NOFOLLOW, never built by joining a string.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from modelsync.errors import DiskFullError, LocalStorageError
+
+DIR_MODE = 0o2775  # setgid: files inherit the cache's group, so a daemon and init containers share it
+FILE_MODE = 0o664
+READY_FILE_MODE = 0o444
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def storage_errors(path: Path | str, needed_bytes: int | None = None) -> Iterator[None]:
+    """Turn OSError from local storage into DiskFullError or LocalStorageError."""
+    try:
+        yield
+    except OSError as exc:
+        raise storage_error(exc, path, needed_bytes) from None
+
+
+def storage_error(exc: OSError, path: Path | str, needed_bytes: int | None = None) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = free_bytes(Path(path))
+        need = f"needs {needed_bytes} bytes, " if needed_bytes is not None else ""
+        return DiskFullError(
+            f"disk full writing {path}: {need}{free} bytes free; "
+            "free space (modelsync evict) or raise the volume's size"
+        )
+    if exc.errno == errno.EROFS:
+        return LocalStorageError(f"{path} is on a read-only filesystem; mount the cache read-write")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return LocalStorageError(
+            f"permission denied on {path}; run as a user in the cache's group or fix its mode"
+        )
+    if exc.errno == errno.ELOOP:
+        return LocalStorageError(f"refusing to follow a symlink at {path}; remove it from the cache")
+    if exc.errno == errno.ENOTDIR:
+        return LocalStorageError(f"{path}: a path segment is not a directory; remove the stray file")
+    return LocalStorageError(f"cannot use {path}: {exc.strerror or exc}")
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes available to this user on the filesystem holding `path` (or its nearest parent)."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return 0
+
+
+def open_dir(path: Path) -> int:
+    """Open an existing directory that is not itself a symlink."""
+    return os.open(path, _DIR_FLAGS)
+
+
+def open_dir_beneath(root_fd: int, relative: PurePosixPath, create: bool) -> int:
+    """Open (and optionally create) `relative` below `root_fd` without following symlinks."""
+    fd = os.dup(root_fd)
+    try:
+        for segment in relative.parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(segment, DIR_MODE, dir_fd=fd)
+            child = os.open(segment, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_file_beneath(root_fd: int, relative: PurePosixPath, flags: int, mode: int = FILE_MODE) -> int:
+    """Open a file below `root_fd`, creating parent directories, never following a symlink."""
+    parent = open_dir_beneath(root_fd, relative.parent, create=bool(flags & os.O_CREAT))
+    try:
+        return os.open(relative.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = open_dir(path)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Write a small file so readers see the old or the new content, never a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree; symlinks inside are removed, never followed."""
+    if path.is_symlink() or not path.exists():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    # shutil.rmtree works through directory fds on Linux (rmtree.avoids_symlink_attacks).
+    assert shutil.rmtree.avoids_symlink_attacks
+    shutil.rmtree(path)
+
+
+def make_dirs(path: Path) -> None:
+    """Create a state directory with the shared-group mode, whatever the umask."""
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o7777 != DIR_MODE:
+        with contextlib.suppress(PermissionError):
+            os.chmod(path, DIR_MODE)

@@ -1,0 +1,227 @@
+"""The S3 control plane over aiobotocore: list, head, manifest, presign, upload.
+
+Bulk bytes of a pull do not pass through here (see adapters/ranged_http.py);
+what does is small and latency-bound. botocore retries throttling, 5xx and
+connection errors itself (standard mode); nothing here retries on top of it.
+Every botocore/aiohttp exception is translated into modelsync.errors at this
+boundary, and no message ever includes a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore import UNSIGNED
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError as BotoConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    SSLError,
+)
+
+from modelsync.config import Settings
+from modelsync.core.refs import ModelRef
+from modelsync.errors import (
+    AccessDeniedError,
+    ModelsyncError,
+    NotFoundError,
+    ObjectChangedError,
+    RemoteUnavailableError,
+    UsageError,
+)
+
+#: attempts botocore makes for one control-plane call (first try included)
+CONTROL_ATTEMPTS = 4
+PRESIGN_EXPIRY_S = 6 * 3600
+
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+           "InvalidToken", "AllAccessDisabled", "AccountProblem"}
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size_bytes: int
+    #: without quotes
+    etag: str
+
+
+def _strip(etag: str) -> str:
+    return etag.strip('"')
+
+
+@contextlib.contextmanager
+def s3_errors(what: str, bucket: str) -> Iterator[None]:
+    """Translate SDK failures of `what` (e.g. "listing s3://b/p/") into modelsync errors."""
+    try:
+        yield
+    except ClientError as exc:
+        raise _client_error(exc, what, bucket) from None
+    except (NoCredentialsError, PartialCredentialsError):
+        raise AccessDeniedError(
+            f"no usable S3 credentials for {what}; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+            "AWS_PROFILE or AWS_WEB_IDENTITY_TOKEN_FILE"
+        ) from None
+    except SSLError as exc:
+        raise UsageError(
+            f"TLS verification failed for {what} ({_first_line(exc)}); "
+            "set AWS_CA_BUNDLE to the endpoint's CA, or --insecure to skip the check"
+        ) from None
+    except (BotoConnectionError, aiohttp.ClientError, TimeoutError) as exc:
+        raise RemoteUnavailableError(
+            f"S3 endpoint unavailable for {what} after {CONTROL_ATTEMPTS} attempts "
+            f"({_first_line(exc)}); check AWS_ENDPOINT_URL and the network path"
+        ) from None
+    except BotoCoreError as exc:
+        raise RemoteUnavailableError(f"S3 request failed for {what}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__).splitlines()[0][:300]
+
+
+def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
+    err = exc.response.get("Error", {})
+    code = str(err.get("Code", ""))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code == "NoSuchBucket":
+        return NotFoundError(f"bucket {bucket!r} does not exist ({what}); check the source URI")
+    if code in {"NoSuchKey", "404", "NotFound"} or status == 404:
+        return NotFoundError(f"not found: {what}; check the source URI")
+    if code in _DENIED or status == 403:
+        return AccessDeniedError(
+            f"access denied ({code or status}) for {what}; check the credentials and the "
+            "bucket policy for this identity"
+        )
+    if code == "PreconditionFailed" or status == 412:
+        return ObjectChangedError(f"object changed during {what}; pull again")
+    return RemoteUnavailableError(
+        f"S3 error {code or status} for {what} after {CONTROL_ATTEMPTS} attempts; retry later"
+    )
+
+
+class S3:
+    """One aiobotocore client for a command's lifetime."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
+        """The manifest's bytes, or None when the model has none (a plain prefix)."""
+        key = ref.prefix + name
+        try:
+            with s3_errors(f"reading {ref.uri}{name}", ref.bucket):
+                resp = await self._client.get_object(Bucket=ref.bucket, Key=key)
+                async with resp["Body"] as body:
+                    data: bytes = await body.read()
+                    return data
+        except NotFoundError as exc:
+            if "bucket" in str(exc):
+                raise
+            return None
+
+    async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
+        """Every object under the prefix; an empty prefix is NotFoundError."""
+        objects: list[ObjectInfo] = []
+        with s3_errors(f"listing {ref.uri}", ref.bucket):
+            paginator = self._client.get_paginator("list_objects_v2")
+            async for page in paginator.paginate(Bucket=ref.bucket, Prefix=ref.prefix):
+                for item in page.get("Contents", ()):
+                    objects.append(ObjectInfo(item["Key"], int(item["Size"]), _strip(item["ETag"])))
+        if not objects:
+            raise NotFoundError(f"no objects under {ref.uri}; check the prefix")
+        return objects
+
+    async def head(self, bucket: str, key: str) -> ObjectInfo:
+        with s3_errors(f"reading s3://{bucket}/{key}", bucket):
+            resp = await self._client.head_object(Bucket=bucket, Key=key)
+        return ObjectInfo(key, int(resp["ContentLength"]), _strip(resp["ETag"]))
+
+    async def first_part_bytes(self, bucket: str, key: str) -> int | None:
+        """Size of part 1 of a multipart object: the part size its ETag was computed with."""
+        with s3_errors(f"reading part 1 of s3://{bucket}/{key}", bucket):
+            resp = await self._client.head_object(Bucket=bucket, Key=key, PartNumber=1)
+        return int(resp["ContentLength"]) if resp.get("PartsCount") else None
+
+    async def presign_get(self, bucket: str, key: str) -> str:
+        url: str = await self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=PRESIGN_EXPIRY_S
+        )
+        return url
+
+    async def put_bytes(self, bucket: str, key: str, data: bytes) -> str:
+        with s3_errors(f"writing s3://{bucket}/{key}", bucket):
+            resp = await self._client.put_object(Bucket=bucket, Key=key, Body=data)
+        return _strip(resp["ETag"])
+
+    async def ensure_bucket(self, bucket: str) -> None:
+        """Used by the demo only: create the bucket if it is missing."""
+        with s3_errors(f"creating bucket {bucket}", bucket):
+            try:
+                await self._client.head_bucket(Bucket=bucket)
+            except ClientError:
+                await self._client.create_bucket(Bucket=bucket)
+
+    async def start_multipart(self, bucket: str, key: str) -> str:
+        with s3_errors(f"starting an upload to s3://{bucket}/{key}", bucket):
+            resp = await self._client.create_multipart_upload(Bucket=bucket, Key=key)
+        upload_id: str = resp["UploadId"]
+        return upload_id
+
+    async def upload_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
+        with s3_errors(f"uploading part {number} of s3://{bucket}/{key}", bucket):
+            resp = await self._client.upload_part(
+                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            )
+        return _strip(resp["ETag"])
+
+    async def complete_multipart(self, bucket: str, key: str, upload_id: str, etags: list[str]) -> str:
+        parts = [{"PartNumber": i + 1, "ETag": f'"{e}"'} for i, e in enumerate(etags)]
+        with s3_errors(f"completing the upload of s3://{bucket}/{key}", bucket):
+            resp = await self._client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        return _strip(resp["ETag"])
+
+    async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        with contextlib.suppress(ModelsyncError), s3_errors(f"aborting s3://{bucket}/{key}", bucket):
+            await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+
+def client_config(settings: Settings, anonymous: bool = False) -> AioConfig:
+    return AioConfig(
+        signature_version=UNSIGNED if anonymous else "s3v4",
+        s3={"addressing_style": settings.addressing_style},
+        retries={"mode": "standard", "total_max_attempts": CONTROL_ATTEMPTS},
+        connect_timeout=settings.connect_timeout_s,
+        read_timeout=settings.read_timeout_s,
+        max_pool_connections=max(10, settings.concurrency),
+        # A manifest or listing is small; checksums of full GETs stay on (botocore's default).
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_s3(settings: Settings) -> AsyncIterator[S3]:
+    """An S3 client configured from Settings; TLS follows ca_bundle or the insecure switch."""
+    session = get_session()
+    verify: bool | str | None = False if settings.insecure else settings.ca_bundle
+    with warnings.catch_warnings():
+        # urllib3/aiohttp may warn once about unverified TLS; the CLI already warned.
+        warnings.simplefilter("ignore")
+        async with session.create_client(
+            "s3",
+            region_name=settings.region,
+            endpoint_url=settings.endpoint_url,
+            config=client_config(settings),
+            verify=verify,
+        ) as client:
+            yield S3(client)

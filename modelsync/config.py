@@ -1,0 +1,181 @@
+"""Settings: read once at the edge into one frozen value, then passed down.
+
+Precedence for every field: command-line flag > environment variable > config
+file (TOML, `--config` / `MODELSYNC_CONFIG`) > default. Credentials are not
+settings: they come from the standard AWS chain (environment, shared files,
+web-identity token files) and are never printed.
+
+Memory bound of a pull: about `concurrency × read_chunk_bytes` of body buffers
+plus a fixed overhead; it does not grow with the model's size.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from modelsync.core.units import parse_size
+from modelsync.errors import UsageError
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    #: root of the node cache; ready models appear at <cache_dir>/<bucket>/<prefix>
+    cache_dir: Path = field(default=Path("/model-cache"), metadata={"env": "MODELSYNC_CACHE_DIR"})
+    #: S3 endpoint, e.g. https://aistor.example:9000; None uses the SDK default
+    endpoint_url: str | None = field(default=None, metadata={"env": "AWS_ENDPOINT_URL"})
+    region: str = field(default="us-east-1", metadata={"env": "AWS_REGION"})
+    #: "path" (AIStor/MinIO), "virtual" or "auto"
+    addressing_style: str = field(default="path", metadata={"env": "MODELSYNC_ADDRESSING_STYLE"})
+    #: PEM bundle of CAs to trust for TLS to the endpoint
+    ca_bundle: str | None = field(default=None, metadata={"env": "AWS_CA_BUNDLE"})
+    #: skip TLS verification (warns on every run); never the default
+    insecure: bool = field(default=False, metadata={"env": "MODELSYNC_INSECURE"})
+    #: ranged GETs in flight at once, across all files of a pull
+    concurrency: int = field(default=16, metadata={"env": "MODELSYNC_CONCURRENCY"})
+    #: size of one ranged GET, bytes
+    part_size_bytes: int = field(default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE"})
+    #: cap on the pull's download rate, bytes per second; 0 means no cap
+    max_bandwidth_bytes_per_s: int = field(default=0, metadata={"env": "MODELSYNC_MAX_BANDWIDTH"})
+    #: seconds to wait for a TCP/TLS connection
+    connect_timeout_s: float = field(default=5.0, metadata={"env": "MODELSYNC_CONNECT_TIMEOUT"})
+    #: seconds a response may stay silent before the request is retried
+    read_timeout_s: float = field(default=30.0, metadata={"env": "MODELSYNC_READ_TIMEOUT"})
+    #: attempts per part (first try included) for broken, stalled or failed transfers
+    part_attempts: int = field(default=5, metadata={"env": "MODELSYNC_PART_ATTEMPTS"})
+    #: bytes read from a response body per chunk: the unit of the memory bound
+    read_chunk_bytes: int = field(default=1 * MiB, metadata={"env": "MODELSYNC_READ_CHUNK"})
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use true or false)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"{value} is not positive")
+    return value
+
+
+def _positive_size(text: str) -> int:
+    value = parse_size(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a positive size")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"{value} is not positive")
+    return value
+
+
+def _addressing_style(text: str) -> str:
+    if text not in {"path", "virtual", "auto"}:
+        raise ValueError(f"{text!r} is not one of path, virtual, auto")
+    return text
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "cache_dir": lambda t: Path(t).expanduser().absolute(),
+    "endpoint_url": _optional_str,
+    "region": str,
+    "addressing_style": _addressing_style,
+    "ca_bundle": _optional_str,
+    "insecure": _parse_bool,
+    "concurrency": _positive_int,
+    "part_size_bytes": _positive_size,
+    "max_bandwidth_bytes_per_s": parse_size,
+    "connect_timeout_s": _positive_float,
+    "read_timeout_s": _positive_float,
+    "part_attempts": _positive_int,
+    "read_chunk_bytes": _positive_size,
+}
+
+
+def env_var(name: str) -> str:
+    """The environment variable of a Settings field, as documented in the README."""
+    for f in fields(Settings):
+        if f.name == name:
+            return str(f.metadata["env"])
+    raise KeyError(name)
+
+
+def load_settings(
+    flags: Mapping[str, object | None],
+    env: Mapping[str, str],
+    config_file: Path | None = None,
+) -> Settings:
+    """Build Settings from flags, environment and an optional TOML file.
+
+    `flags` holds already-typed values (None means "not given"); environment
+    and file values are text and go through the field's parser. Every bad value
+    is a UsageError naming where it came from.
+    """
+    file_values = _read_config_file(config_file) if config_file else {}
+    unknown = set(file_values) - {f.name for f in fields(Settings)}
+    if unknown:
+        raise UsageError(f"config file {config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        if flags.get(f.name) is not None:
+            values[f.name] = flags[f.name]
+            continue
+        name = f.metadata["env"]
+        if name in env:
+            values[f.name] = _parse(f.name, env[name], f"environment variable {name}")
+        elif name == "AWS_REGION" and "AWS_DEFAULT_REGION" in env:
+            values[f.name] = env["AWS_DEFAULT_REGION"]
+        elif f.name in file_values:
+            values[f.name] = _parse(f.name, str(file_values[f.name]), f"config file {config_file}")
+    if values.get("cache_dir") is not None:
+        values["cache_dir"] = Path(values["cache_dir"]).expanduser().absolute()
+    return Settings(**values)
+
+
+def _parse(name: str, text: str, origin: str) -> Any:
+    try:
+        return _PARSERS[name](text)
+    except (ValueError, UsageError) as exc:
+        raise UsageError(f"{origin}: bad value for {name}: {exc}") from None
+
+
+def _read_config_file(path: Path) -> dict[str, object]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"config file {path} cannot be read: {exc}") from None
+    return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in data.items()}
+
+
+def config_file_from(flag: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The config file to read: `--config`, else `MODELSYNC_CONFIG`, else none."""
+    if flag is not None:
+        return flag
+    name = env.get("MODELSYNC_CONFIG")
+    return Path(name) if name else None
+
+
+def environment() -> Mapping[str, str]:
+    """The process environment, read at the edge only."""
+    return os.environ

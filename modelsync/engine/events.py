@@ -1,0 +1,52 @@
+"""What the engine tells its caller while it works: progress and waits.
+
+The engine reports through this protocol and never prints; the CLI renders a
+bar or plain lines, the daemon turns the same calls into metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+
+class PullEvents(Protocol):
+    def waiting(self, holder: str) -> None:
+        """Another process holds the model's lock and is pulling it."""
+
+    def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
+        """The plan is known: how much is there and how much must still be fetched."""
+
+    def fetched(self, n_bytes: int) -> None:
+        """Bytes written; called from worker threads."""
+
+    def verifying(self, path: str) -> None:
+        """A file is complete and is being hashed."""
+
+
+class ByteCounter:
+    """Thread-safe running totals a renderer can poll."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.fetched_bytes = 0
+
+    def fetched(self, n_bytes: int) -> None:
+        with self._lock:
+            self.fetched_bytes += n_bytes
+
+
+class NoEvents:
+    """For callers that want no reports (tests, the daemon's background work)."""
+
+    def waiting(self, holder: str) -> None:
+        pass
+
+    def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
+        pass
+
+    def fetched(self, n_bytes: int) -> None:
+        pass
+
+    def verifying(self, path: str) -> None:
+        pass

@@ -1,0 +1,114 @@
+"""Upload a local model directory as one revision, writing its manifest last.
+
+Readers take the manifest's presence to mean the upload finished, so it is
+written only after every file is uploaded, with each file's size, xxh3-128 and
+the ETag the store returned. Memory is bounded by `concurrency × part_size`:
+each in-flight part is read into memory once, then sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsync.adapters.digest import hash_fd
+from modelsync.adapters.s3 import S3, open_s3
+from modelsync.config import Settings
+from modelsync.core.keys import safe_relative_path
+from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
+from modelsync.core.parts import Part, plan_parts
+from modelsync.core.refs import ModelRef
+from modelsync.engine.tasks import first_error
+from modelsync.errors import UsageError
+
+#: S3 refuses multipart parts below 5 MiB (except the last)
+MIN_UPLOAD_PART_BYTES = 5 * 1024 * 1024
+MAX_OPEN_FILES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    files: int
+    total_bytes: int
+
+
+def local_files(directory: Path) -> list[tuple[str, Path]]:
+    """Every regular file below `directory` as (relative key, path); symlinks are refused."""
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            if path.is_symlink():
+                raise UsageError(f"{path} is a symlink; publish real files only")
+        for name in filenames:
+            path = Path(dirpath, name)
+            relative = path.relative_to(directory).as_posix()
+            if relative == MANIFEST_NAME:
+                continue
+            safe_relative_path(relative)
+            found.append((relative, path))
+    if not found:
+        raise UsageError(f"{directory} holds no files to publish")
+    return sorted(found)
+
+
+async def publish(settings: Settings, directory: Path, ref: ModelRef) -> PublishResult:
+    files = local_files(directory)
+    window = asyncio.Semaphore(settings.concurrency)
+    file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
+
+    async def upload(rel: str, path: Path) -> FileEntry:
+        async with file_slots:
+            return await _upload_file(s3, settings, window, ref, rel, path)
+
+    async with open_s3(settings) as s3:
+        with first_error():
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(upload(rel, path)) for rel, path in files]
+        entries = [t.result() for t in tasks]
+        await s3.put_bytes(ref.bucket, ref.prefix + MANIFEST_NAME, render_manifest(entries))
+    return PublishResult(files=len(entries), total_bytes=sum(e.size for e in entries))
+
+
+async def _upload_file(
+    s3: S3, settings: Settings, window: asyncio.Semaphore, ref: ModelRef, rel: str, path: Path
+) -> FileEntry:
+    key = ref.prefix + rel
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        digest = await asyncio.to_thread(hash_fd, fd, size)
+        parts = plan_parts(size, max(settings.part_size_bytes, MIN_UPLOAD_PART_BYTES))
+        if len(parts) <= 1:
+            async with window:
+                data = await asyncio.to_thread(os.pread, fd, size, 0)
+                etag = await s3.put_bytes(ref.bucket, key, data)
+        else:
+            etag = await _multipart(s3, window, ref.bucket, key, fd, parts)
+    finally:
+        os.close(fd)
+    return FileEntry(path=rel, size=size, xxh3_128=digest.xxh3_128, etag=etag)
+
+
+async def _multipart(
+    s3: S3, window: asyncio.Semaphore, bucket: str, key: str, fd: int, parts: tuple[Part, ...]
+) -> str:
+    upload_id = await s3.start_multipart(bucket, key)
+
+    async def send(part: Part) -> str:
+        async with window:
+            data = await asyncio.to_thread(os.pread, fd, part.size_bytes, part.start)
+            return await s3.upload_part(bucket, key, upload_id, part.index + 1, data)
+
+    try:
+        with first_error():
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(send(p)) for p in parts]
+        return await s3.complete_multipart(bucket, key, upload_id, [t.result() for t in tasks])
+    except BaseException:
+        await asyncio.shield(s3.abort_multipart(bucket, key, upload_id))
+        raise

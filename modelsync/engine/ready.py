@@ -1,0 +1,73 @@
+"""Is a model ready, and is it still intact? Local checks only: no S3 stack is imported here.
+
+A warm `modelsync pull` in an init container lands here and returns in
+milliseconds; importing aiobotocore alone would cost more than that.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from modelsync.adapters import fs
+from modelsync.adapters.cache import Cache
+from modelsync.adapters.digest import hash_fd
+from modelsync.core.record import CompletionRecord
+from modelsync.core.refs import ModelRef
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    path: str
+    reason: str
+
+
+def quick_check(cache: Cache, ref: ModelRef, record: CompletionRecord) -> list[Problem]:
+    """Presence, type and size of every recorded file: one lstat each, no reads."""
+    root = cache.ready_path(ref)
+    problems = []
+    for f in record.files:
+        try:
+            st = os.lstat(root / f.path)
+        except FileNotFoundError:
+            problems.append(Problem(f.path, "missing"))
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            problems.append(Problem(f.path, "is a symlink"))
+        elif not stat.S_ISREG(st.st_mode):
+            problems.append(Problem(f.path, "not a regular file"))
+        elif st.st_size != f.size:
+            problems.append(Problem(f.path, f"size {st.st_size}, recorded {f.size}"))
+    return problems
+
+
+def full_check(cache: Cache, ref: ModelRef, record: CompletionRecord) -> list[Problem]:
+    """Re-hash every file against the record's xxh3-128; never follows a symlink."""
+    problems = quick_check(cache, ref, record)
+    bad = {p.path for p in problems}
+    root_fd = fs.open_dir(cache.ready_path(ref))
+    try:
+        for f in record.files:
+            if f.path in bad:
+                continue
+            fd = fs.open_file_beneath(root_fd, PurePosixPath(f.path), os.O_RDONLY)
+            try:
+                digest = hash_fd(fd, f.size).xxh3_128
+            finally:
+                os.close(fd)
+            if digest != f.xxh3_128:
+                problems.append(Problem(f.path, f"xxh3-128 {digest}, recorded {f.xxh3_128}"))
+    finally:
+        os.close(root_fd)
+    return problems
+
+
+def warm_path(cache_dir: Path, ref: ModelRef) -> Path | None:
+    """The ready path when the model is complete and its files look intact, else None."""
+    cache = Cache(cache_dir)
+    record = cache.ready_record(ref)
+    if record is None or quick_check(cache, ref, record):
+        return None
+    return cache.ready_path(ref)

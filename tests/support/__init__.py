@@ -1,0 +1,5 @@
+"""Test support: real S3 servers (moto) and a fault-injecting HTTP proxy.
+
+Everything here talks over real loopback sockets, so adapters and the CLI are
+tested against the same HTTP stack they meet in production.
+"""

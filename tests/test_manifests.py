@@ -5,6 +5,7 @@ Three layers, each independent of the others:
 * Source checks (always run, PyYAML only): every YAML file parses; the base
   DaemonSet, the schedule ConfigMap, each overlay's patch, each Job template,
   the vLLM example and the Dockerfile state the facts the design relies on.
+  The example schedule is checked against the JSON Schema the package ships.
 * Rendered checks: each overlay is rendered and the result checked as the
   cluster would receive it. With a kustomize binary (`kustomize`, or the one
   built into `kubectl`) the real tool renders; without one, a small renderer
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -27,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -335,6 +338,18 @@ def test_schedule_configmap_holds_a_schedule_for_the_known_pools() -> None:
         assert re.fullmatch(r"s3://[a-z0-9.-]+/.+/", model["source"]), model["source"]
         assert set(model["pools"]) <= set(POOLS)
         assert model["windows"]
+
+
+def test_schedule_configmap_matches_the_shipped_schedule_schema() -> None:
+    schema_file = ROOT / "modelsync" / "schema" / "schedule.schema.json"
+    if not schema_file.is_file():
+        pytest.skip("the package ships no schedule schema yet")
+    schema = json.loads(schema_file.read_text())
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    text = load_one(BASE / "configmap-schedule.yaml")["data"]["schedule.yaml"]
+    errors = [e.message for e in validator(schema).iter_errors(yaml.safe_load(text))]
+    assert not errors
 
 
 @pytest.mark.parametrize("pool", POOLS)

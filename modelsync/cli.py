@@ -53,13 +53,29 @@ def _size(text: str | None) -> int | None:
     return None if text is None else parse_size(text)
 
 
-CacheDir = Annotated[Path | None, typer.Option("--cache-dir", help="Cache root [env MODELSYNC_CACHE_DIR; default /model-cache].")]
-EndpointUrl = Annotated[str | None, typer.Option("--endpoint-url", help="S3 endpoint [env AWS_ENDPOINT_URL].")]
-Region = Annotated[str | None, typer.Option("--region", help="S3 region [env AWS_REGION; default us-east-1].")]
-ConfigFile = Annotated[Path | None, typer.Option("--config", help="TOML settings file [env MODELSYNC_CONFIG].")]
-Concurrency = Annotated[int | None, typer.Option("--concurrency", min=1, help="Ranged GETs in flight [default 16].")]
-PartSize = Annotated[str | None, typer.Option("--part-size", help="Bytes per ranged GET, e.g. 16Mi [default 16Mi].")]
-MaxBandwidth = Annotated[str | None, typer.Option("--max-bandwidth", help="Download cap in bytes/s, e.g. 500Mi; 0 = none.")]
+CacheDir = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="Cache root [env MODELSYNC_CACHE_DIR; default /model-cache]."),
+]
+EndpointUrl = Annotated[
+    str | None, typer.Option("--endpoint-url", help="S3 endpoint [env AWS_ENDPOINT_URL].")
+]
+Region = Annotated[
+    str | None, typer.Option("--region", help="S3 region [env AWS_REGION; default us-east-1].")
+]
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", help="TOML settings file [env MODELSYNC_CONFIG].")
+]
+Concurrency = Annotated[
+    int | None, typer.Option("--concurrency", min=1, help="Ranged GETs in flight [default 16].")
+]
+PartSize = Annotated[
+    str | None, typer.Option("--part-size", help="Bytes per ranged GET, e.g. 16Mi [default 16Mi].")
+]
+MaxBandwidth = Annotated[
+    str | None,
+    typer.Option("--max-bandwidth", help="Download cap in bytes/s, e.g. 500Mi; 0 = none."),
+]
 Insecure = Annotated[bool, typer.Option("--insecure", help="Skip TLS certificate checks (warns).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 
@@ -103,12 +119,16 @@ def pull(
     part_size: PartSize = None,
     max_bandwidth: MaxBandwidth = None,
     insecure: Insecure = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Re-hash a cached model against its record.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Re-hash a cached model against its record.")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
     """Make a model ready in the cache and print its path (last line of stdout)."""
     ref = parse_source(source)
-    settings = build_settings(cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure)
+    settings = build_settings(
+        cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
+    )
     from modelsync.engine.ready import warm_path
 
     path = warm_path(settings.cache_dir, ref)

@@ -28,9 +28,11 @@ from modelsync.core.units import format_bytes
 MiB = 1024 * 1024
 DEMO_SOURCE = "s3://models/demo/tiny-llm/2026-11-30/"
 #: (file name, tensor bytes): one shard spans several 8 MiB parts
-SHARDS = (("model-00001-of-00003.safetensors", 40 * MiB),
-          ("model-00002-of-00003.safetensors", 12 * MiB),
-          ("model-00003-of-00003.safetensors", 3 * MiB))
+SHARDS = (
+    ("model-00001-of-00003.safetensors", 40 * MiB),
+    ("model-00002-of-00003.safetensors", 12 * MiB),
+    ("model-00003-of-00003.safetensors", 3 * MiB),
+)
 
 
 def write_safetensors(path: Path, tensor_bytes: int, seed: int) -> None:
@@ -55,9 +57,18 @@ def generate_model(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for i, (name, size) in enumerate(SHARDS):
         write_safetensors(directory / name, size, seed=i)
-    (directory / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4,
-         "torch_dtype": "bfloat16", "vocab_size": 32000}, indent=2))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 1024,
+                "num_hidden_layers": 4,
+                "torch_dtype": "bfloat16",
+                "vocab_size": 32000,
+            },
+            indent=2,
+        )
+    )
     (directory / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
     (directory / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 4096}))
     vocab = {f"tok{i}": i for i in range(32000)}
@@ -73,8 +84,11 @@ def run_demo(keep: bool) -> None:
     from modelsync.engine.publish import publish
     from modelsync.engine.pull import pull
 
-    for name, value in (("AWS_ACCESS_KEY_ID", "demo"), ("AWS_SECRET_ACCESS_KEY", "demo-secret"),
-                        ("AWS_EC2_METADATA_DISABLED", "true")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "demo"),
+        ("AWS_SECRET_ACCESS_KEY", "demo-secret"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ):
         os.environ.setdefault(name, value)
     work = Path(tempfile.mkdtemp(prefix="modelsync-demo-"))
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -82,8 +96,9 @@ def run_demo(keep: bool) -> None:
     try:
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
-        settings = Settings(cache_dir=work / "cache", endpoint_url=endpoint, part_size_bytes=8 * MiB,
-                            concurrency=8)
+        settings = Settings(
+            cache_dir=work / "cache", endpoint_url=endpoint, part_size_bytes=8 * MiB, concurrency=8
+        )
         ref = parse_source(DEMO_SOURCE)
         say(f"embedded S3 server (moto) at {endpoint}")
 
@@ -99,16 +114,32 @@ def run_demo(keep: bool) -> None:
 
         cold = pull(settings, ref, NoEvents())
         rate = cold.fetched_bytes / max(cold.seconds, 1e-9)
-        say(f"cold pull: {cold.files} files, {format_bytes(cold.fetched_bytes)} fetched, verified "
-            f"and published in {cold.seconds:.2f}s ({format_bytes(int(rate))}/s)")
+        say(
+            f"cold pull: {cold.files} files, {format_bytes(cold.fetched_bytes)} fetched, verified "
+            f"and published in {cold.seconds:.2f}s ({format_bytes(int(rate))}/s)"
+        )
 
         t = time.monotonic()
         warm = subprocess.run(
-            [sys.executable, "-m", "modelsync", "pull", ref.uri, "--cache-dir", str(settings.cache_dir),
-             "--endpoint-url", "http://127.0.0.1:9"],  # a dead endpoint: a warm pull must not need it
-            capture_output=True, text=True, check=True)
-        say(f"warm pull (a fresh process, S3 unreachable): {elapsed(t)}, "
-            f"ready path {warm.stdout.strip().splitlines()[-1]}")
+            [
+                sys.executable,
+                "-m",
+                "modelsync",
+                "pull",
+                ref.uri,
+                "--cache-dir",
+                str(settings.cache_dir),
+                "--endpoint-url",
+                "http://127.0.0.1:9",
+            ],  # a dead endpoint: a warm pull must not need it
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        say(
+            f"warm pull (a fresh process, S3 unreachable): {elapsed(t)}, "
+            f"ready path {warm.stdout.strip().splitlines()[-1]}"
+        )
         say(f"files in the ready path: {', '.join(sorted(os.listdir(cold.path)))}")
         print(cold.path)
     finally:

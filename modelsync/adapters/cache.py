@@ -243,7 +243,13 @@ class Cache:
     def ensure(self) -> None:
         """Create the layout; fails with LocalStorageError when the root is unusable."""
         with fs.storage_errors(self.root):
-            for d in (self.records_dir, self.staging_dir, self.locks_dir, self.trash_dir, self.quarantine_dir):
+            for d in (
+                self.records_dir,
+                self.staging_dir,
+                self.locks_dir,
+                self.trash_dir,
+                self.quarantine_dir,
+            ):
                 fs.make_dirs(d)
             layout = self.state_dir / "layout"
             if not layout.exists():

@@ -22,10 +22,12 @@ from botocore import UNSIGNED
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionError as BotoConnectionError,
     NoCredentialsError,
     PartialCredentialsError,
     SSLError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 
 from modelsync.config import Settings
@@ -43,8 +45,15 @@ from modelsync.errors import (
 CONTROL_ATTEMPTS = 4
 PRESIGN_EXPIRY_S = 6 * 3600
 
-_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-           "InvalidToken", "AllAccessDisabled", "AccountProblem"}
+_DENIED = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +202,10 @@ class S3:
         return _strip(resp["ETag"])
 
     async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
-        with contextlib.suppress(ModelsyncError), s3_errors(f"aborting s3://{bucket}/{key}", bucket):
+        with (
+            contextlib.suppress(ModelsyncError),
+            s3_errors(f"aborting s3://{bucket}/{key}", bucket),
+        ):
             await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
 
 

@@ -26,9 +26,7 @@ def safe_relative_path(relative_key: str) -> PurePosixPath:
     """
 
     def refuse(reason: str) -> UnsafeKeyError:
-        return UnsafeKeyError(
-            f"refusing key {relative_key!r}: {reason}; rename the object in the bucket"
-        )
+        return UnsafeKeyError(f"refusing key {relative_key!r}: {reason}; rename the object in the bucket")
 
     if not relative_key:
         raise refuse("empty file name")

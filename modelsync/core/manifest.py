@@ -98,7 +98,12 @@ def parse_manifest(data: bytes, source: str) -> Manifest:
 def parse_file_entry(raw: object, i: int, bad: Callable[[str], ManifestError]) -> FileEntry:
     if not isinstance(raw, dict):
         raise bad(f"files[{i}] is not an object")
-    path, size, digest, etag = raw.get("path"), raw.get("size"), raw.get("xxh3_128"), raw.get("etag")
+    path, size, digest, etag = (
+        raw.get("path"),
+        raw.get("size"),
+        raw.get("xxh3_128"),
+        raw.get("etag"),
+    )
     if not isinstance(path, str):
         raise bad(f"files[{i}].path is not a string")
     safe_relative_path(path)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from modelsync.core.manifest import FileEntry, ManifestError, parse_file_entry
+from modelsync.core.manifest import FileEntry, parse_file_entry
+from modelsync.errors import ManifestError
 
 FORMAT = "modelsync-record"
 VERSION = 1
@@ -68,7 +69,11 @@ def parse_record(data: bytes, origin: str) -> CompletionRecord:
         raise bad(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise bad("unknown format or version")
-    source, completed_at, verified_by = doc.get("source"), doc.get("completed_at"), doc.get("verified_by")
+    source, completed_at, verified_by = (
+        doc.get("source"),
+        doc.get("completed_at"),
+        doc.get("verified_by"),
+    )
     if not isinstance(source, str) or not isinstance(completed_at, int | float):
         raise bad("missing source or completed_at")
     if verified_by not in VERIFIERS:

@@ -22,7 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, JournalState, Staging
@@ -127,7 +132,9 @@ class _Puller:
                     for work in plan.files:
                         await file_slots.acquire()
                         known = state.files.get(work.file.path) == (
-                            work.file.etag, work.file.size_bytes, _part_size(work)
+                            work.file.etag,
+                            work.file.size_bytes,
+                            _part_size(work),
                         )
                         task = tg.create_task(self._file(work, known=resume and known))
                         task.add_done_callback(lambda _t: file_slots.release())
@@ -262,7 +269,12 @@ class _Puller:
                     req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
                     try:
                         await loop.run_in_executor(
-                            self.executor, self.client.fetch_into, req, fd, start, self.events.fetched
+                            self.executor,
+                            self.client.fetch_into,
+                            req,
+                            fd,
+                            start,
+                            self.events.fetched,
                         )
                     except TransientFetchError as exc:
                         start += exc.bytes_written
@@ -323,16 +335,13 @@ def _check(f: RemoteFile, digest: FileDigest, md5_part_bytes: int | None) -> str
     if f.size_bytes == 0 and kind is EtagKind.MD5:
         if f.etag != _EMPTY_MD5:
             raise _mismatch(f, f"empty file, ETag {f.etag}")
-        return kind.value
+        return str(kind.value)
     if md5_part_bytes is None:
         return "size"
-    if kind is EtagKind.MD5:
-        got = digest.part_md5s[0].hex()
-    else:
-        got = multipart_etag(digest.part_md5s)
+    got = digest.part_md5s[0].hex() if kind is EtagKind.MD5 else multipart_etag(digest.part_md5s)
     if got != f.etag:
         raise _mismatch(f, f"computed ETag {got}, server says {f.etag}")
-    return kind.value
+    return str(kind.value)
 
 
 def _mismatch(f: RemoteFile, detail: str) -> ChecksumMismatchError:

@@ -1,0 +1,70 @@
+"""Settings precedence: flag > environment > config file > default; bad values name their origin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from modelsync.config import Settings, load_settings
+from modelsync.errors import UsageError
+
+
+def test_defaults_apply_when_nothing_is_given() -> None:
+    s = load_settings({}, {})
+    assert s == Settings()
+    assert s.cache_dir == Path("/model-cache")
+    assert s.addressing_style == "path"
+
+
+def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "modelsync.toml"
+    config.write_text('concurrency = 3\npart_size_bytes = "8Mi"\nregion = "file-region"\n')
+    env = {"MODELSYNC_CONCURRENCY": "7", "AWS_REGION": "env-region"}
+    s = load_settings({"concurrency": 11}, env, config)
+    assert s.concurrency == 11
+    assert s.region == "env-region"
+    assert s.part_size_bytes == 8 * 1024 * 1024
+    s = load_settings({}, {}, config)
+    assert (s.concurrency, s.region) == (3, "file-region")
+
+
+def test_the_legacy_default_region_variable_is_honoured() -> None:
+    assert load_settings({}, {"AWS_DEFAULT_REGION": "eu-1"}).region == "eu-1"
+
+
+@pytest.mark.parametrize(
+    ("env", "origin"),
+    [
+        ({"MODELSYNC_CONCURRENCY": "0"}, "MODELSYNC_CONCURRENCY"),
+        ({"MODELSYNC_PART_SIZE": "lots"}, "MODELSYNC_PART_SIZE"),
+        ({"MODELSYNC_INSECURE": "maybe"}, "MODELSYNC_INSECURE"),
+        ({"MODELSYNC_ADDRESSING_STYLE": "sideways"}, "MODELSYNC_ADDRESSING_STYLE"),
+    ],
+)
+def test_a_bad_environment_value_is_a_usage_error_naming_the_variable(
+    env: dict[str, str], origin: str
+) -> None:
+    with pytest.raises(UsageError, match=origin):
+        load_settings({}, env)
+
+
+def test_unknown_keys_in_the_config_file_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("concurency = 3\n")
+    with pytest.raises(UsageError, match="unknown setting"):
+        load_settings({}, {}, config)
+
+
+def test_a_missing_or_broken_config_file_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        load_settings({}, {}, tmp_path / "nope.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("concurrency = = 3")
+    with pytest.raises(UsageError, match="cannot be read"):
+        load_settings({}, {}, broken)
+
+
+def test_a_relative_cache_dir_is_made_absolute(tmp_path: Path) -> None:
+    s = load_settings({}, {"MODELSYNC_CACHE_DIR": "rel/cache"})
+    assert s.cache_dir.is_absolute()

@@ -345,6 +345,11 @@ BAD_SCHEDULES: list[tuple[str, str, str]] = [
         "schedule.yaml:6: models[1].source: duplicate model s3://models/org/m/1/",
     ),
     (
+        "duplicate source in the middle of an entry",
+        MINIMAL + "  - pools: [q]\n    source: s3://models/org/m/1/\n    windows: [always]\n",
+        "schedule.yaml:7: models[1].source: duplicate model s3://models/org/m/1/",
+    ),
+    (
         "duplicate name",
         "version: 1\nmodels:\n"
         "  - {name: x, source: s3://models/a/1/, pools: [p], windows: [always]}\n"

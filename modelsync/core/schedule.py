@@ -194,6 +194,14 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
+def _value_of(node: Node, key: str) -> Node:
+    """The value node under `key` in an already validated mapping, for pointing at it."""
+    for key_node, value_node in node.value:
+        if isinstance(key_node, ScalarNode) and key_node.value == key:
+            return value_node  # type: ignore[no-any-return]  # PyYAML nodes are untyped
+    return node
+
+
 def _compose(loader: _BoundedLoader, text: str, filename: str) -> Node:
     try:
         root = loader.get_single_node()
@@ -337,7 +345,7 @@ class _Reader:
             first = seen_sources.setdefault(model.source, index)
             if first != index:
                 raise self.fail(
-                    items[index],
+                    _value_of(items[index], "source"),
                     f"models[{index}].source",
                     f"duplicate model {model.source.uri}; already listed as models[{first}] "
                     f"(line {models[first].line})",
@@ -346,7 +354,7 @@ class _Reader:
                 first = seen_names.setdefault(model.name, index)
                 if first != index:
                     raise self.fail(
-                        items[index],
+                        _value_of(items[index], "name"),
                         f"models[{index}].name",
                         f"duplicate name {model.name!r}; already used by models[{first}] "
                         f"(line {models[first].line})",

@@ -1,0 +1,205 @@
+"""The benchmark's data sets: their shapes, one-time generation, manifests and checks.
+
+Each data set is one bucket holding one model prefix, laid out as nginx serves it:
+`<data root>/<bucket>/<prefix>/<file>`. Contents are random but cheap to make: one
+64 MiB block from os.urandom, passed through a different byte permutation for every
+64 MiB block of every file, so no two blocks are alike (a later dedup cannot flatter
+anyone) while generation runs near memory speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # modelsync, installed or not
+from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+BLOCK = 64 * MiB
+PREFIX = "model"
+_MARKER = ".complete.json"
+
+# The small files of a Hugging Face style model, smallest first (sizes run 1 KiB .. 5 MiB).
+_MODEL_SIDE_FILES = (
+    "added_tokens.json", "special_tokens_map.json", "generation_config.json", "config.json",
+    "preprocessor_config.json", "processor_config.json", "params.json", "chat_template.jinja",
+    "NOTICE", "USE_POLICY.md", "LICENSE", "README.md", "tokenizer_config.json",
+    "model.safetensors.index.json", "merges.txt", "vocab.json", "tokenizer.model",
+    "sentencepiece.bpe.model", "spiece.model", "tokenizer.json",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DataSet:
+    """One bucket with one model prefix; `files` are (relative path, size)."""
+
+    name: str
+    files: tuple[tuple[str, int], ...]
+
+    @property
+    def bucket(self) -> str:
+        return self.name
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{PREFIX}/"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+    @property
+    def count(self) -> int:
+        return len(self.files)
+
+    def model_dir(self, data_root: Path) -> Path:
+        return data_root / self.bucket / PREFIX
+
+
+def datasets(small: bool) -> dict[str, DataSet]:
+    """The three throughput sets and the 100-file model for the warm pull."""
+    side = tuple(
+        (name, round(KiB * (5 * 1024) ** (i / (len(_MODEL_SIDE_FILES) - 1))))
+        for i, name in enumerate(_MODEL_SIDE_FILES)
+    )
+    shard = 8 * MiB if small else 512 * MiB
+    shards = tuple((f"model-{i:05d}-of-00008.safetensors", shard) for i in range(1, 9))
+    n_small = 200 if small else 2000
+    return {
+        "object-4g": DataSet("object-4g", (("object.bin", 64 * MiB if small else 4 * GiB),)),
+        "model-set": DataSet("model-set", shards + side),
+        "small-files": DataSet(
+            "small-files", tuple((f"file-{i:05d}.bin", 64 * KiB) for i in range(n_small))
+        ),
+        "warm-100": DataSet("warm-100", tuple((f"file-{i:03d}.bin", 64 * KiB) for i in range(100))),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A data set on disk with the digests of its files (the manifest's entries)."""
+
+    dataset: DataSet
+    entries: tuple[FileEntry, ...]
+
+
+def missing_bytes(ds: DataSet, data_root: Path) -> int:
+    """Bytes that `prepare` would have to write (0 when the set is already complete)."""
+    return 0 if _load_marker(ds, data_root) is not None else ds.total_bytes
+
+
+def prepare(ds: DataSet, data_root: Path, log: Callable[[str], None] = print) -> Prepared:
+    """Reuse a complete set, else (re)generate it; then write its manifest with current ETags.
+
+    The manifest is re-rendered on every run because nginx's ETag carries the mtime, which a
+    copy of the cache folder would change; the digests come from the completion marker.
+    """
+    digests = _load_marker(ds, data_root)
+    if digests is None:
+        log(f"generating {ds.name}: {ds.count} files, {ds.total_bytes / GiB:.2f} GiB ...")
+        digests = _generate(ds, data_root)
+        marker = {"files": [[p, s] for p, s in ds.files], "xxh3_128": digests}
+        (data_root / f"{ds.name}{_MARKER}").write_text(json.dumps(marker))
+    model_dir = ds.model_dir(data_root)
+    entries = tuple(
+        FileEntry(path=p, size=s, xxh3_128=digests[p], etag=_nginx_etag(model_dir / p))
+        for p, s in ds.files
+    )
+    manifest = render_manifest(entries)
+    target = model_dir / MANIFEST_NAME
+    if not target.exists() or target.read_bytes() != manifest:
+        target.write_bytes(manifest)
+    return Prepared(ds, entries)
+
+
+def _nginx_etag(path: Path) -> str:
+    st = path.stat()
+    return f"{int(st.st_mtime):x}-{st.st_size:x}"
+
+
+def _load_marker(ds: DataSet, data_root: Path) -> dict[str, str] | None:
+    marker = data_root / f"{ds.name}{_MARKER}"
+    try:
+        doc = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    if [tuple(f) for f in doc.get("files", [])] != list(ds.files):
+        return None
+    model_dir = ds.model_dir(data_root)
+    for path, size in ds.files:
+        try:
+            if (model_dir / path).stat().st_size != size:
+                return None
+        except OSError:
+            return None
+    digests: dict[str, str] = doc["xxh3_128"]
+    return digests
+
+
+def _generate(ds: DataSet, data_root: Path) -> dict[str, str]:
+    (data_root / f"{ds.name}{_MARKER}").unlink(missing_ok=True)
+    shutil.rmtree(data_root / ds.bucket, ignore_errors=True)
+    model_dir = ds.model_dir(data_root)
+    model_dir.mkdir(parents=True)
+    base = os.urandom(BLOCK)
+    digests: dict[str, str] = {}
+    for index, (path, size) in enumerate(ds.files):
+        rng = random.Random(f"{ds.name}/{index}")
+        hasher = xxhash.xxh3_128()
+        with open(model_dir / path, "wb") as f:
+            left = size
+            while left:
+                n = min(left, BLOCK)
+                start = rng.randrange(BLOCK - n + 1)
+                table = list(range(256))
+                rng.shuffle(table)
+                chunk = base[start : start + n].translate(bytes(table))
+                hasher.update(chunk)
+                f.write(chunk)
+                left -= n
+        digests[path] = hasher.hexdigest()
+    return digests
+
+
+def hash_file(path: Path, buf: bytearray) -> str:
+    """xxh3-128 of a file, read in len(buf)-sized blocks into one reused buffer."""
+    hasher = xxhash.xxh3_128()
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            hasher.update(view[:n])
+    return hasher.hexdigest()
+
+
+def check_files(root: Path, entries: tuple[FileEntry, ...], *, full: bool) -> str | None:
+    """None if every entry is under `root` with its size (and digest when `full`), else why not."""
+    buf = bytearray(BLOCK) if full else bytearray()
+    for e in entries:
+        path = root / e.path
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"missing {path}"
+        if size != e.size:
+            return f"{path}: {size} bytes, expected {e.size}"
+        if full and hash_file(path, buf) != e.xxh3_128:
+            return f"{path}: xxh3-128 mismatch"
+    return None
+
+
+def warm_page_cache(ds: DataSet, data_root: Path) -> None:
+    """Read the source once so every contender is served from the page cache, as nginx would."""
+    buf = memoryview(bytearray(BLOCK))
+    for path, _ in ds.files:
+        with open(ds.model_dir(data_root) / path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass

@@ -106,8 +106,10 @@ class NginxEndpoint:
         """Requests logged so far (needs access_log=True)."""
         if not self.access_log:
             raise RuntimeError("request_count needs NginxEndpoint(access_log=True)")
-        path = self.access_log_path
-        return sum(1 for _ in path.open("rb")) if path.exists() else 0
+        if not self.access_log_path.exists():
+            return 0
+        with self.access_log_path.open("rb") as log:
+            return sum(1 for _ in log)
 
     def __enter__(self) -> NginxEndpoint:
         self.start()

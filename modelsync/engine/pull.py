@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -65,6 +67,10 @@ HASH_SLOTS = 2
 #: a retry of a part waits at most this long
 MAX_BACKOFF_S = 5.0
 _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
+#: how often a pull with a cancel event checks it; bounds how long a cancelled pull runs on
+CANCEL_POLL_S = 0.1
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +82,20 @@ class PullResult:
     files: int
 
 
-def pull(settings: Settings, ref: ModelRef, events: PullEvents) -> PullResult:
-    """Make `ref` ready in the cache and return where; waits for another puller of it."""
+class PullCancelledError(Exception):
+    """The caller set the pull's cancel event; the journal keeps what was written, so a later pull resumes."""
+
+
+def pull(
+    settings: Settings, ref: ModelRef, events: PullEvents, cancel: threading.Event | None = None
+) -> PullResult:
+    """Make `ref` ready in the cache and return where; waits for another puller of it.
+
+    `cancel` lets a caller that runs the pull in a worker thread (the daemon)
+    stop it: the transfer is cancelled like a Ctrl-C, its sockets closed and
+    its threads joined, and `PullCancelledError` is raised. Waiting for another
+    puller's lock is not interrupted.
+    """
     started = time.monotonic()
     cache = Cache(settings.cache_dir)
     cache.ensure()
@@ -87,7 +105,7 @@ def pull(settings: Settings, ref: ModelRef, events: PullEvents) -> PullResult:
             if not quick_check(cache, ref, record):
                 return PullResult(cache.ready_path(ref), record.total_bytes, 0, 0.0, len(record.files))
             cache.unpublish(ref)  # damaged: never serve it while it is pulled again
-        path, plan = asyncio.run(_Puller(settings, cache, ref, events).run())
+        path, plan = asyncio.run(_cancellable(_Puller(settings, cache, ref, events).run(), cancel))
     return PullResult(
         path=path,
         total_bytes=plan.total_bytes,
@@ -95,6 +113,18 @@ def pull(settings: Settings, ref: ModelRef, events: PullEvents) -> PullResult:
         seconds=time.monotonic() - started,
         files=len(plan.files),
     )
+
+
+async def _cancellable(work: Coroutine[Any, Any, _T], cancel: threading.Event | None) -> _T:
+    """Await `work`, cancelling it once `cancel` is set; its cleanup closes sockets and joins threads."""
+    task = asyncio.ensure_future(work)
+    while cancel is not None and not task.done():
+        await asyncio.wait({task}, timeout=CANCEL_POLL_S)
+        if cancel.is_set() and task.cancel():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise PullCancelledError("the pull was cancelled; it resumes from its journal")
+    return await task
 
 
 class _Puller:

@@ -33,9 +33,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-FaultAction = Literal[
-    "status503", "status500", "status403", "reset", "truncate", "bitflip", "stall", "delay"
-]
+FaultAction = Literal["status503", "status500", "status403", "reset", "truncate", "bitflip", "stall", "delay"]
 FAULT_ACTIONS: frozenset[str] = frozenset(get_args(FaultAction))
 
 CONTROL_PATH = "/__fault__"
@@ -100,8 +98,9 @@ class Fault:
 class RequestRecord:
     """What the proxy saw and did for one request.
 
-    `status` is None until a status line went out (a `delay` still sleeping, or a
-    `reset` before headers). `body_bytes_sent` counts body bytes handed to the
+    `status` is what the proxy answered (upstream's status, or the fault's); None while
+    a `delay` still sleeps or after a `reset` before headers. A client that hung up
+    early may never have seen it. `body_bytes_sent` counts body bytes handed to the
     socket, not headers. `done` turns true when the proxy finished with the request,
     however it ended.
     """
@@ -229,8 +228,7 @@ class FaultProxy:
         return [
             r
             for r in entries
-            if (method is None or r.method.upper() == method.upper())
-            and _path_matches(match, r.path)
+            if (method is None or r.method.upper() == method.upper()) and _path_matches(match, r.path)
         ]
 
     def bytes_sent(self, match: str = "", method: str | None = "GET") -> int:
@@ -347,7 +345,6 @@ class FaultProxy:
         self, request: web.BaseRequest, entry: _Entry, fault: Fault | None
     ) -> web.StreamResponse:
         body = await request.content.read()
-        action = fault.action if fault else None
         if fault is not None and fault.action in _ERROR_BODIES:
             return await self._answer_error(request, entry, fault.action)
         if fault is not None and fault.action == "reset" and fault.arg < 0:
@@ -361,27 +358,43 @@ class FaultProxy:
             self._record(entry, status=502)
             return web.Response(status=502, text=f"fault proxy: upstream failed: {error!r}")
         async with upstream:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for name, value in upstream.headers.items():
-                if name.lower() not in _HOP_BY_HOP:
-                    response.headers.add(name, value)
-            await response.prepare(request)
+            # Logged before sending: a client that already hung up never sees the status,
+            # but tests still want to know what the server answered.
             self._record(entry, status=upstream.status)
-            budget = int(fault.arg) if fault and action in ("reset", "truncate", "stall") else None
-            flip_at = int(fault.arg) if fault and action == "bitflip" else None
-            await self._stream_body(
-                upstream.content.iter_chunked(CHUNK_BYTES), response, entry, budget, flip_at
-            )
-            if action == "reset":
-                await self._wait_flushed(request)
-                self._reset(request)
-            elif action == "truncate":
-                self._close(request)
-            elif action == "stall":
-                await self._stall(request)
+            try:
+                return await self._relay(request, entry, fault, upstream)
+            except ConnectionError:
+                # The client went away mid-answer; that is its business, not a proxy error.
                 self._close(request, abort=True)
-            else:
-                await response.write_eof()
+                return web.Response(status=499)  # never sent: the connection is gone
+
+    async def _relay(
+        self,
+        request: web.BaseRequest,
+        entry: _Entry,
+        fault: Fault | None,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        """Send upstream's answer on, shaped by the body fault if there is one."""
+        action = fault.action if fault else None
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP_BY_HOP:
+                response.headers.add(name, value)
+        await response.prepare(request)
+        budget = int(fault.arg) if fault and action in ("reset", "truncate", "stall") else None
+        flip_at = int(fault.arg) if fault and action == "bitflip" else None
+        await self._stream_body(upstream.content.iter_chunked(CHUNK_BYTES), response, entry, budget, flip_at)
+        if action == "reset":
+            await self._wait_flushed(request)
+            self._reset(request)
+        elif action == "truncate":
+            self._close(request)
+        elif action == "stall":
+            await self._stall(request)
+            self._close(request, abort=True)
+        else:
+            await response.write_eof()
         return response
 
     async def _forward(self, request: web.BaseRequest, body: bytes) -> aiohttp.ClientResponse:
@@ -425,9 +438,7 @@ class FaultProxy:
             if budget is not None and sent >= budget:
                 return
 
-    async def _answer_error(
-        self, request: web.BaseRequest, entry: _Entry, action: str
-    ) -> web.StreamResponse:
+    async def _answer_error(self, request: web.BaseRequest, entry: _Entry, action: str) -> web.StreamResponse:
         status, body = _error_body(action)
         response = web.Response(
             status=status,

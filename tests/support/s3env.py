@@ -7,7 +7,9 @@ the dict from `subprocess_env`.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -34,6 +36,17 @@ _FOREIGN_AWS_VARS = (
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
 )
+
+
+_SESSION_LOCK = threading.Lock()
+
+
+@functools.cache
+def _shared_session() -> boto3.session.Session:
+    """One session for all test clients: each new session re-parses the S3 service model
+    (tens to hundreds of milliseconds per client). Sessions are not thread-safe, hence
+    the lock around client creation."""
+    return boto3.session.Session()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +91,8 @@ class S3Env:
             connect_timeout=connect_timeout_s,
             s3={"addressing_style": "path"},
         )
-        return boto3.session.Session().client("s3", config=config, **self.client_kwargs())
+        with _SESSION_LOCK:
+            return _shared_session().client("s3", config=config, **self.client_kwargs())
 
     def subprocess_env(
         self,
@@ -101,9 +115,7 @@ class S3Env:
         if not keep_ca_bundle:
             for name in CA_BUNDLE_VARS:
                 env.pop(name, None)
-        no_proxy = ",".join(
-            part for part in (env.get("NO_PROXY", ""), "127.0.0.1,localhost") if part
-        )
+        no_proxy = ",".join(part for part in (env.get("NO_PROXY", ""), "127.0.0.1,localhost") if part)
         env.update(
             {
                 "AWS_ENDPOINT_URL": self.endpoint_url,

@@ -474,7 +474,9 @@ class RangeClient:
         if status == 403:
             if message and "expired" in message.lower():
                 raise PresignedUrlExpiredError(f"{where}: {detail}; presign the URL again")
-            raise AccessDeniedError(f"{where}: {detail}")
+            raise AccessDeniedError(
+                f"{where}: {detail}; check the credentials and the bucket policy for this identity"
+            )
         if status == 404:
             raise NotFoundError(f"{where}: {detail}")
         if status in (412, 416):

@@ -56,6 +56,7 @@ from modelsync.engine.throttle import TokenBucket
 from modelsync.errors import (
     ChecksumMismatchError,
     DiskFullError,
+    NotFoundError,
     ObjectChangedError,
     RemoteUnavailableError,
 )
@@ -137,6 +138,8 @@ class _Puller:
         self.window = asyncio.Semaphore(settings.concurrency)
         self.hash_slots = asyncio.Semaphore(HASH_SLOTS)
         self.verified: dict[str, tuple[str, str]] = {}
+        #: the version of each file that was fetched and verified (a restart may change it)
+        self.fetched: dict[str, RemoteFile] = {}
         self.urls: dict[str, str] = {}
         self.s3: S3
         self.client: RangeClient
@@ -173,8 +176,8 @@ class _Puller:
                 completed_at=time.time(),
                 verified_by=weakest([by for _digest, by in self.verified.values()]),
                 files=tuple(
-                    FileEntry(w.file.path, w.file.size_bytes, self.verified[w.file.path][0], w.file.etag)
-                    for w in plan.files
+                    FileEntry(f.path, f.size_bytes, self.verified[f.path][0], f.etag)
+                    for f in (self.fetched.get(w.file.path, w.file) for w in plan.files)
                 ),
             )
             path = await asyncio.to_thread(self.cache.publish, self.ref, self.staging, record)
@@ -214,9 +217,9 @@ class _Puller:
                 key = self.ref.prefix + f.path
                 etag = f.etag or etags.get(key)
                 if etag is None:
-                    raise RemoteUnavailableError(
-                        f"{self.ref.uri}{f.path} is in the manifest but not in the bucket; "
-                        "republish the model"
+                    raise NotFoundError(
+                        f"not found: s3://{self.ref.bucket}/{key} is in the manifest but not in "
+                        "the bucket; republish the model"
                     )
                 files.append(RemoteFile(key, f.path, f.size, etag, f.xxh3_128))
             return files
@@ -272,6 +275,12 @@ class _Puller:
         try:
             with first_error():
                 await self._fetch_missing(work, fd)
+        except DiskFullError as exc:
+            raise DiskFullError(
+                f"disk full writing {self.staging.dir / work.file.path}: needs {work.missing_bytes} "
+                f"bytes for this file, {fs.free_bytes(self.staging.dir)} bytes free ({exc}); "
+                "free space (modelsync evict) or raise the volume's size"
+            ) from None
         finally:
             os.close(fd)
 
@@ -298,13 +307,15 @@ class _Puller:
                     url = await self._url(f, fresh=attempt.retry_state.attempt_number > 1)
                     req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
                     try:
-                        await loop.run_in_executor(
-                            self.executor,
-                            self.client.fetch_into,
-                            req,
-                            fd,
-                            start,
-                            self.events.fetched,
+                        await _in_thread(
+                            loop.run_in_executor(
+                                self.executor,
+                                self.client.fetch_into,
+                                req,
+                                fd,
+                                start,
+                                self.events.fetched,
+                            )
                         )
                     except TransientFetchError as exc:
                         start += exc.bytes_written
@@ -332,6 +343,7 @@ class _Puller:
             digest = await asyncio.to_thread(self._hash, f, md5_part)
         verified_by = _check(f, digest, md5_part)
         self.verified[f.path] = (digest.xxh3_128, verified_by)
+        self.fetched[f.path] = f
         self.staging.journal.file_verified(f.path, digest.xxh3_128, verified_by)
 
     async def _md5_part_bytes(self, f: RemoteFile) -> int | None:
@@ -353,6 +365,26 @@ class _Puller:
             return hash_fd(fd, f.size_bytes, md5_part_bytes)
         finally:
             os.close(fd)
+
+
+async def _in_thread(future: asyncio.Future[int]) -> int:
+    """Await a transfer thread; when cancelled, first wait until the thread has stopped.
+
+    A cancelled task cannot stop a thread blocked on its socket: it keeps writing at
+    its offsets until the body ends or `read_timeout_s` passes. The descriptor it
+    writes to must stay open until then, or its late writes land on a closed
+    descriptor, or on whatever file reuses that number (the restarted file, another
+    file of the model, the journal). So cancellation waits, bounded by the timeout.
+    """
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([future])
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what propagates
+        raise
 
 
 def _check(f: RemoteFile, digest: FileDigest, md5_part_bytes: int | None) -> str:

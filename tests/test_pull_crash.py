@@ -1,0 +1,163 @@
+"""Crash and concurrency: the real `modelsync pull` CLI in child processes, killed and raced.
+
+The server is the child-process moto (its own GIL), behind a fault proxy in this
+process that counts the body bytes each run was served. A pull slowed down by
+`--max-bandwidth` is SIGKILLed once its journal shows written parts; the next
+run must publish the same bytes as the source while fetching only the parts the
+journal did not record. Two pulls of one model at once must share one download.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from botocore.client import BaseClient
+from support.faultproxy import FaultProxy
+from support.s3env import S3Env
+
+from modelsync.core.refs import parse_source
+
+MiB = 1024 * 1024
+PREFIX = "org/crashy/rev1/"
+MODELSYNC = [sys.executable, "-m", "modelsync"]
+
+
+def payload(size: int) -> bytes:
+    """Random bytes: every part differs, so a part written at the wrong offset shows."""
+    return os.urandom(size)
+
+
+@pytest.fixture
+def proxy_to_child_moto(moto_subprocess_s3_env: S3Env) -> Iterator[FaultProxy]:
+    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def child_s3(moto_subprocess_s3_env: S3Env) -> Iterator[BaseClient]:
+    client = moto_subprocess_s3_env.boto3_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def arrange_model(client: BaseClient, files: dict[str, bytes]) -> str:
+    bucket = f"crash-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    for name, data in files.items():
+        client.put_object(Bucket=bucket, Key=PREFIX + name, Body=data)
+    return bucket
+
+
+def body_bytes(proxy: FaultProxy) -> int:
+    """Bytes of object bodies served (presigned ranged GETs), not manifests or listings."""
+    return sum(r.body_bytes_sent for r in proxy.requests(method="GET") if "X-Amz-Signature" in r.path)
+
+
+def journal_parts(cache: Path) -> list[dict[str, object]]:
+    parts = []
+    for journal in (cache / ".modelsync" / "staging").glob("*.journal"):
+        for line in journal.read_bytes().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            if isinstance(rec, dict) and "part" in rec:
+                parts.append(rec)
+    return parts
+
+
+def pull_command(bucket: str, cache: Path, *extra: str) -> list[str]:
+    return [*MODELSYNC, "pull", f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "--part-size", "1Mi", *extra]
+
+
+def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
+    tmp_path: Path,
+    moto_subprocess_s3_env: S3Env,
+    proxy_to_child_moto: FaultProxy,
+    child_s3: BaseClient,
+) -> None:
+    files = {"model-00001.safetensors": payload(16 * MiB), "model-00002.safetensors": payload(8 * MiB)}
+    total = sum(len(d) for d in files.values())
+    bucket = arrange_model(child_s3, files)
+    cache = tmp_path / "cache"
+    env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
+    ready = cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path
+
+    slow = subprocess.Popen(
+        pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2", "--quiet"),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(journal_parts(cache)) < 2:
+            assert slow.poll() is None, f"pull ended before it could be killed: {slow.communicate()}"
+            assert time.monotonic() < deadline, "no journaled parts within 30 s"
+            time.sleep(0.02)
+        os.kill(slow.pid, signal.SIGKILL)
+        slow.wait(timeout=10)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+        slow.communicate()
+    assert slow.returncode == -signal.SIGKILL
+
+    # Nothing published; staging and its journal stay for the resume.
+    assert not os.path.lexists(ready)
+    staging = cache / ".modelsync" / "staging"
+    assert list(staging.glob("*.journal")) and [p for p in staging.iterdir() if p.is_dir()]
+    done = {(str(r["part"]), r["i"]) for r in journal_parts(cache)}
+    assert 2 <= len(done) < total // MiB
+    first_run_bytes = body_bytes(proxy_to_child_moto)
+    assert first_run_bytes < total
+
+    proxy_to_child_moto.clear()
+    started = time.monotonic()
+    again = subprocess.run(pull_command(bucket, cache, "--quiet"), env=env, capture_output=True, text=True, timeout=60)
+    resume_s = time.monotonic() - started
+
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == str(ready)
+    # Exactly the parts the journal did not record were fetched again (1 MiB each).
+    assert body_bytes(proxy_to_child_moto) == total - len(done) * MiB
+    for name, data in files.items():
+        assert (ready / name).read_bytes() == data
+    assert list(staging.iterdir()) == []
+    assert resume_s < 30
+
+
+def test_two_concurrent_pulls_of_one_model_download_it_once_and_print_the_same_path(
+    tmp_path: Path,
+    moto_subprocess_s3_env: S3Env,
+    proxy_to_child_moto: FaultProxy,
+    child_s3: BaseClient,
+) -> None:
+    files = {"weights.bin": payload(8 * MiB), "config.json": b'{"layers": 2}'}
+    total = sum(len(d) for d in files.values())
+    bucket = arrange_model(child_s3, files)
+    cache = tmp_path / "cache"
+    env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
+    command = pull_command(bucket, cache, "--max-bandwidth", "4Mi")
+
+    pullers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    outputs = [p.communicate(timeout=60) for p in pullers]
+
+    assert [p.returncode for p in pullers] == [0, 0], outputs
+    ready = str(cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path)
+    assert [out.splitlines()[-1] for out, _err in outputs] == [ready, ready]
+    # One of them waited on the other's lock instead of downloading a second copy.
+    assert any("waiting for" in err for _out, err in outputs), outputs
+    assert body_bytes(proxy_to_child_moto) == total
+    for name, data in files.items():
+        assert (Path(ready) / name).read_bytes() == data

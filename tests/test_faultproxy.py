@@ -8,6 +8,7 @@ socket (how many arrived, how the stream ended); boto3 where the S3 meaning matt
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -22,8 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import aiobotocore.session
+import aiohttp
 import boto3
 import pytest
+from aiobotocore.config import AioConfig
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError, ReadTimeoutError
 from support.faultproxy import FaultProxy
@@ -264,6 +268,26 @@ def test_reset_fault_resets_the_connection_after_arg_bytes(
     assert received == blob.data[:100_000]
     assert isinstance(ending, ConnectionResetError)
     assert fault_proxy.bytes_sent(match=blob.key) == 100_000
+
+
+def test_an_asyncio_client_sees_a_reset_as_a_broken_payload(
+    proxied_s3_env: S3Env, blob: Blob, fault_proxy: FaultProxy
+) -> None:
+    """The proxy's loop is its own, so a client on another loop (the engine's) can use it."""
+    fault_proxy.add_fault("reset", match=blob.key, arg=50_000)
+
+    async def fetch() -> bytes:
+        session = aiobotocore.session.get_session()
+        config = AioConfig(retries={"mode": "standard", "total_max_attempts": 1})
+        async with session.create_client("s3", config=config, **proxied_s3_env.client_kwargs()) as client:
+            response = await client.get_object(Bucket=blob.bucket, Key=blob.key, Range="bytes=0-199999")
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+                return data
+
+    with pytest.raises(aiohttp.ClientPayloadError):
+        asyncio.run(fetch())
+    assert fault_proxy.bytes_sent(match=blob.key) == 50_000
 
 
 def test_reset_fault_with_negative_arg_resets_before_the_status_line(

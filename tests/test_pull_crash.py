@@ -78,7 +78,16 @@ def journal_parts(cache: Path) -> list[dict[str, object]]:
 
 
 def pull_command(bucket: str, cache: Path, *extra: str) -> list[str]:
-    return [*MODELSYNC, "pull", f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "--part-size", "1Mi", *extra]
+    return [
+        *MODELSYNC,
+        "pull",
+        f"s3://{bucket}/{PREFIX}",
+        "--cache-dir",
+        str(cache),
+        "--part-size",
+        "1Mi",
+        *extra,
+    ]
 
 
 def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
@@ -96,7 +105,9 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
 
     slow = subprocess.Popen(
         pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2", "--quiet"),
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 30
@@ -123,7 +134,9 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
 
     proxy_to_child_moto.clear()
     started = time.monotonic()
-    again = subprocess.run(pull_command(bucket, cache, "--quiet"), env=env, capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        pull_command(bucket, cache, "--quiet"), env=env, capture_output=True, text=True, timeout=60
+    )
     resume_s = time.monotonic() - started
 
     assert again.returncode == 0, again.stderr
@@ -149,8 +162,10 @@ def test_two_concurrent_pulls_of_one_model_download_it_once_and_print_the_same_p
     env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
     command = pull_command(bucket, cache, "--max-bandwidth", "4Mi")
 
-    pullers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for _ in range(2)]
+    pullers = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=60) for p in pullers]
 
     assert [p.returncode for p in pullers] == [0, 0], outputs

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-
 import socket
 import subprocess
 import time
@@ -142,9 +141,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) 
 
 
 @pytest.fixture
-def make_settings(
-    tmp_path: Path, proxied_s3_env: S3Env, aws_credentials: S3Env
-) -> Callable[..., Settings]:
+def make_settings(tmp_path: Path, proxied_s3_env: S3Env, aws_credentials: S3Env) -> Callable[..., Settings]:
     """Settings for a fast pull through the fault proxy; keyword overrides per test."""
 
     def make(**overrides: object) -> Settings:
@@ -268,7 +265,10 @@ def _upload_multipart(s3_client: BaseClient, bucket: str, key: str, data: bytes,
     parts = []
     for number, start in enumerate(range(0, len(data), part_bytes), start=1):
         resp = s3_client.upload_part(
-            Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=number,
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload["UploadId"],
+            PartNumber=number,
             Body=data[start : start + part_bytes],
         )
         parts.append({"PartNumber": number, "ETag": resp["ETag"]})
@@ -416,8 +416,10 @@ def test_pull_never_mixes_versions_when_a_part_is_still_streaming_the_old_object
 
     with pulling_in_background(settings, model_ref(bucket)) as future:
         wait_for(
-            lambda: any(r.fault == "stall" and r.body_bytes_sent == 200_000 for r in data_gets(fault_proxy))
-            and any(r.fault == "delay" for r in data_gets(fault_proxy)),
+            lambda: (
+                any(r.fault == "stall" and r.body_bytes_sent == 200_000 for r in data_gets(fault_proxy))
+                and any(r.fault == "delay" for r in data_gets(fault_proxy))
+            ),
             "a stalled part and a delayed part",
         )
         s3_client.put_object(Bucket=bucket, Key=PREFIX + KEY_NAME, Body=new)
@@ -661,7 +663,9 @@ def small_tmpfs(mountpoint: Path, size: str) -> Iterator[None]:
     mountpoint.mkdir()
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "modelsync-test", str(mountpoint)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
@@ -699,7 +703,8 @@ def test_pull_from_an_unreachable_endpoint_is_remote_unavailable_within_a_bounde
     tmp_path: Path, aws_credentials: S3Env, record_property: Callable[[str, object], None]
 ) -> None:
     settings = Settings(
-        cache_dir=tmp_path / "cache", endpoint_url=f"http://127.0.0.1:{closed_port()}",
+        cache_dir=tmp_path / "cache",
+        endpoint_url=f"http://127.0.0.1:{closed_port()}",
     )  # default timeouts: the bound holds for what users get
     ref = parse_source("s3://models/org/model/")
     started = time.monotonic()
@@ -712,4 +717,3 @@ def test_pull_from_an_unreachable_endpoint_is_remote_unavailable_within_a_bounde
     assert elapsed_s < 60
     assert "127.0.0.1" in str(info.value) or "endpoint" in str(info.value)
     assert_failed_cleanly(tmp_path, settings, ref)
-

@@ -148,7 +148,7 @@ def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
     record = cache.ready_record(ref)
     if record is None:
         return None
-    problems = full_check(cache, ref, record)
+    problems = full_check(cache.ready_path(ref), record)
     if not problems:
         return cache.ready_path(ref)
     for p in problems:

@@ -18,10 +18,26 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from modelsync.core.units import parse_size
+from modelsync.core.units import parse_duration, parse_size
 from modelsync.errors import UsageError
 
 MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CacheBudget:
+    """The cache's size budget: a byte count, or a share of the cache filesystem's size."""
+
+    size_bytes: int | None = None
+    share: float | None = None
+
+    def resolve(self, filesystem_bytes: int) -> int:
+        if self.size_bytes is not None:
+            return self.size_bytes
+        return int((self.share or 0.0) * filesystem_bytes)
+
+    def __str__(self) -> str:
+        return f"{self.share * 100:g}%" if self.share is not None else str(self.size_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +67,14 @@ class Settings:
     part_attempts: int = field(default=5, metadata={"env": "MODELSYNC_PART_ATTEMPTS"})
     #: bytes read from a response body per chunk: the unit of the memory bound
     read_chunk_bytes: int = field(default=1 * MiB, metadata={"env": "MODELSYNC_READ_CHUNK"})
+    #: cache size budget (e.g. 500Gi, or 90% of the filesystem); None: only the disk's free space
+    cache_budget: CacheBudget | None = field(default=None, metadata={"env": "MODELSYNC_CACHE_MAX_BYTES"})
+    #: eviction starts when a pull would take the cache above high × budget ...
+    high_watermark: float = field(default=0.95, metadata={"env": "MODELSYNC_CACHE_HIGH_WATERMARK"})
+    #: ... and then evicts down to low × budget, so the next pulls do not each evict again
+    low_watermark: float = field(default=0.85, metadata={"env": "MODELSYNC_CACHE_LOW_WATERMARK"})
+    #: a model pulled or touched within this many seconds is in use and is not evicted to make room
+    in_use_grace_s: float = field(default=600.0, metadata={"env": "MODELSYNC_IN_USE_GRACE"})
 
 
 def _parse_bool(text: str) -> bool:
@@ -89,6 +113,25 @@ def _addressing_style(text: str) -> str:
     return text
 
 
+def parse_budget(text: str) -> CacheBudget | None:
+    """`500Gi`, `2T`, or `90%` of the filesystem; empty or 0 means no budget."""
+    text = text.strip()
+    if text.endswith("%"):
+        share = float(text[:-1]) / 100
+        if not 0 < share <= 1:
+            raise ValueError(f"{text!r} is not a share between 0% and 100%")
+        return CacheBudget(share=share)
+    size = parse_size(text) if text else 0
+    return CacheBudget(size_bytes=size) if size else None
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"{value} is not a ratio in (0, 1]")
+    return value
+
+
 def _optional_str(text: str) -> str | None:
     return text or None
 
@@ -107,6 +150,10 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "read_timeout_s": _positive_float,
     "part_attempts": _positive_int,
     "read_chunk_bytes": _positive_size,
+    "cache_budget": parse_budget,
+    "high_watermark": _ratio,
+    "low_watermark": _ratio,
+    "in_use_grace_s": parse_duration,
 }
 
 
@@ -145,6 +192,9 @@ def load_settings(
             values[f.name] = env["AWS_DEFAULT_REGION"]
         elif f.name in file_values:
             values[f.name] = _parse(f.name, str(file_values[f.name]), f"config file {config_file}")
+    low, high = values.get("low_watermark", 0.85), values.get("high_watermark", 0.95)
+    if low > high:
+        raise UsageError(f"the low watermark ({low}) must not exceed the high watermark ({high})")
     if values.get("cache_dir") is not None:
         values["cache_dir"] = Path(values["cache_dir"]).expanduser().absolute()
     return Settings(**values)

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from modelsync.adapters import fs
 from modelsync.core.record import CompletionRecord, parse_record, render_record
 from modelsync.core.refs import ModelRef
+from modelsync.core.units import format_bytes
 from modelsync.errors import ManifestError
 
 STATE_DIR = ".modelsync"
@@ -168,6 +169,40 @@ class Staging:
             raise
         return fd
 
+    def link_from(self, root: Path, source: PurePosixPath, inode: tuple[int, int], relative: str) -> bool:
+        """Hard-link `root/source` into staging as `relative` if it is still that inode.
+
+        False when the copy has gone (evicted meanwhile), changed, or is not a plain
+        file; the caller then downloads instead. Never follows a symlink.
+        """
+        try:
+            root_fd = fs.open_dir(root)
+            try:
+                src_dir = fs.open_dir_beneath(root_fd, source.parent, create=False)
+            finally:
+                os.close(root_fd)
+            try:
+                st = os.stat(source.name, dir_fd=src_dir, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != inode:
+                    return False
+                staging_fd = fs.open_dir(self.dir)
+                try:
+                    dst_dir = fs.open_dir_beneath(staging_fd, PurePosixPath(relative).parent, create=True)
+                finally:
+                    os.close(staging_fd)
+                try:
+                    name = PurePosixPath(relative).name
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=dst_dir)
+                    os.link(source.name, name, src_dir_fd=src_dir, dst_dir_fd=dst_dir, follow_symlinks=False)
+                finally:
+                    os.close(dst_dir)
+            finally:
+                os.close(src_dir)
+        except OSError:
+            return False
+        return True
+
     def discard_file(self, relative: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             root = fs.open_dir(self.dir)
@@ -196,31 +231,47 @@ class ModelLock:
         self._fd: int | None = None
 
     def acquire(self, on_wait: Callable[[str], None] | None = None, poll_s: float = 0.2) -> None:
-        """Block until held; `on_wait` is called now and then with who holds it."""
+        """Block until held; `on_wait` is called now and then with who holds it and how far it is."""
+        next_report = 0.0
+        while not self.try_acquire():
+            now = time.monotonic()
+            if on_wait is not None and now >= next_report:
+                on_wait(self.describe_holder())
+                next_report = now + 5.0
+            time.sleep(poll_s)
+        self.update_holder()
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; never waits."""
         with fs.storage_errors(self.path):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
-        next_report = 0.0
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                if on_wait is not None and now >= next_report:
-                    on_wait(self.describe_holder())
-                    next_report = now + 5.0
-                time.sleep(poll_s)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
         self._fd = fd
+        return True
+
+    def update_holder(self, done_bytes: int = 0, total_bytes: int = 0) -> None:
+        """Tell waiters who holds the model and how far the pull is (best effort)."""
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "done_bytes": done_bytes,
+            "total_bytes": total_bytes,
+        }
         with contextlib.suppress(OSError):
-            holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-            fs.write_atomic(self.holder_path, json.dumps(holder).encode())
+            fs.write_atomic(self.holder_path, json.dumps(holder).encode(), fsync=False)
 
     def describe_holder(self) -> str:
         try:
             holder = json.loads(self.holder_path.read_bytes())
-            return f"pid {holder['pid']} on {holder['host']}"
+            who = f"pid {holder['pid']} on {holder['host']}"
+            done, total = int(holder["done_bytes"]), int(holder["total_bytes"])
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"
+        return f"{who} ({format_bytes(done)} of {format_bytes(total)})" if total else who
 
     def release(self) -> None:
         if self._fd is not None:
@@ -239,6 +290,15 @@ class Cache:
         self.locks_dir = self.state_dir / "locks"
         self.trash_dir = self.state_dir / "trash"
         self.quarantine_dir = self.state_dir / "quarantine"
+        #: pins/<slug>: the operator asked to keep the model
+        self.pins_dir = self.state_dir / "pins"
+        #: used/<slug>: its mtime is when the model was last pulled or touched
+        self.used_dir = self.state_dir / "used"
+        #: leases/<slug>: a consumer holds the model until the time written inside
+        self.leases_dir = self.state_dir / "leases"
+        #: reservations/<slug>: disk space claimed by a running pull (valid while its lock is held)
+        self.reservations_dir = self.state_dir / "reservations"
+        self.index_path = self.state_dir / "index.sqlite"
 
     def ensure(self) -> None:
         """Create the layout; fails with LocalStorageError when the root is unusable."""
@@ -249,6 +309,10 @@ class Cache:
                 self.locks_dir,
                 self.trash_dir,
                 self.quarantine_dir,
+                self.pins_dir,
+                self.used_dir,
+                self.leases_dir,
+                self.reservations_dir,
             ):
                 fs.make_dirs(d)
             layout = self.state_dir / "layout"
@@ -284,6 +348,90 @@ class Cache:
             return None
         return record if stat.S_ISDIR(st.st_mode) else None
 
+    # -- small per-model markers: pins, last use, leases, reservations ----------------
+
+    def pin(self, ref: ModelRef, pinned: bool) -> None:
+        marker = self.pins_dir / ref.slug
+        with fs.storage_errors(marker):
+            if pinned:
+                fs.write_atomic(marker, ref.uri.encode() + b"\n")
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    marker.unlink()
+
+    def is_pinned(self, ref: ModelRef) -> bool:
+        return (self.pins_dir / ref.slug).exists()
+
+    def touch(self, ref: ModelRef, at: float | None = None) -> None:
+        """Record a use; best effort, since a read-only consumer must still get its path."""
+        marker = self.used_dir / ref.slug
+        with contextlib.suppress(OSError):
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
+            os.close(fd)
+            os.utime(marker, None if at is None else (at, at))
+
+    def last_used(self, ref: ModelRef) -> float | None:
+        try:
+            return os.stat(self.used_dir / ref.slug).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def lease(self, ref: ModelRef, until: float) -> None:
+        marker = self.leases_dir / ref.slug
+        with fs.storage_errors(marker):
+            fs.write_atomic(marker, json.dumps({"until": until}).encode())
+
+    def lease_until(self, ref: ModelRef) -> float | None:
+        try:
+            until = json.loads((self.leases_dir / ref.slug).read_bytes())["until"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return float(until) if isinstance(until, int | float) else None
+
+    def reserve(self, ref: ModelRef, n_bytes: int) -> None:
+        marker = self.reservations_dir / ref.slug
+        with fs.storage_errors(marker):
+            fs.write_atomic(marker, json.dumps({"bytes": n_bytes, "source": ref.uri}).encode())
+
+    def release_reservation(self, ref: ModelRef) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.reservations_dir / ref.slug).unlink()
+
+    def reservations(self) -> dict[str, int]:
+        """Live reservations by slug; one whose pull died (lock free) is dropped on the way."""
+        live = {}
+        for marker in _listdir(self.reservations_dir):
+            try:
+                n_bytes = int(json.loads(marker.read_bytes())["bytes"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if self.lock_is_held(marker.name):
+                live[marker.name] = n_bytes
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    marker.unlink()
+        return live
+
+    def forget(self, ref: ModelRef) -> None:
+        """Drop every marker of an evicted model."""
+        for d in (self.pins_dir, self.used_dir, self.leases_dir):
+            with contextlib.suppress(FileNotFoundError):
+                (d / ref.slug).unlink()
+
+    def lock_is_held(self, slug: str) -> bool:
+        """Whether some process holds the model's lock (a pull in progress), without waiting."""
+        try:
+            fd = os.open(self.locks_dir / f"{slug}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def staging(self, ref: ModelRef) -> Staging:
         return Staging(self, ref)
 
@@ -300,22 +448,28 @@ class Cache:
             lock.release()
 
     def publish(self, ref: ModelRef, staging: Staging, record: CompletionRecord) -> Path:
-        """Make the staged model ready in one rename, after its record is durable."""
+        """Make the staged model ready in one rename, after its record is durable.
+
+        A revision already at the ready path (a refresh) is swapped out in the same
+        step where the kernel can exchange two paths; readers holding its files keep them.
+        """
         ready = self.ready_path(ref)
         with fs.storage_errors(ready):
             staging.journal.close()
             _seal_tree(staging.dir)
             fs.write_atomic(self.record_path(ref), render_record(record))
-            root = fs.open_dir(self.root)
+            parent = self._open_parent(ref, create=True)
+            staging_fd = fs.open_dir(staging.dir.parent)
             try:
-                parent = fs.open_dir_beneath(root, PurePosixPath(*ref.cache_path.parts[:-1]), create=True)
-            finally:
-                os.close(root)
-            try:
-                self._move_aside(parent, ref.cache_path.name)
-                os.rename(staging.dir, ref.cache_path.name, dst_dir_fd=parent)
+                name = ref.cache_path.name
+                if _exists(parent, name) and fs.exchange(staging_fd, staging.dir.name, parent, name):
+                    fs.remove_tree(staging.dir)  # the old revision, now at the staging path
+                else:
+                    self._move_aside(parent, name)
+                    os.rename(staging.dir.name, name, src_dir_fd=staging_fd, dst_dir_fd=parent)
                 os.fsync(parent)
             finally:
+                os.close(staging_fd)
                 os.close(parent)
             with contextlib.suppress(FileNotFoundError):
                 staging.journal.path.unlink()
@@ -323,29 +477,49 @@ class Cache:
 
     def unpublish(self, ref: ModelRef) -> None:
         """Make a model not ready: the ready path disappears in one rename, then the data goes."""
-        ready = self.ready_path(ref)
-        with fs.storage_errors(ready):
+        with fs.storage_errors(self.ready_path(ref)):
             try:
-                parent = fs.open_dir(ready.parent)
-            except FileNotFoundError:
+                parent = self._open_parent(ref, create=False)
+            except (FileNotFoundError, NotADirectoryError):
                 parent = None
             if parent is not None:
                 try:
-                    self._move_aside(parent, ready.name)
+                    self._move_aside(parent, ref.cache_path.name)
                 finally:
                     os.close(parent)
             with contextlib.suppress(FileNotFoundError):
                 self.record_path(ref).unlink()
 
-    def _move_aside(self, parent_fd: int, name: str) -> None:
-        """A stale directory at the ready path (no valid record) goes to trash, then is deleted."""
+    def _open_parent(self, ref: ModelRef, create: bool) -> int:
+        """The ready path's parent directory, reached without following any symlink."""
+        root = fs.open_dir(self.root)
         try:
-            os.lstat(name, dir_fd=parent_fd)
-        except FileNotFoundError:
+            return fs.open_dir_beneath(root, PurePosixPath(*ref.cache_path.parts[:-1]), create=create)
+        finally:
+            os.close(root)
+
+    def _move_aside(self, parent_fd: int, name: str) -> None:
+        """Whatever is at the ready path goes to trash in one rename, then is deleted."""
+        if not _exists(parent_fd, name):
             return
         doomed = self.trash_dir / f"{name}-{os.getpid()}-{os.urandom(4).hex()}"
         os.rename(name, doomed, src_dir_fd=parent_fd)
         fs.remove_tree(doomed)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _listdir(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def _seal_tree(directory: Path) -> None:

@@ -9,7 +9,10 @@ descriptors and O_NOFOLLOW, never built by joining a string.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
+import functools
 import os
 import shutil
 from collections.abc import Iterator
@@ -64,6 +67,12 @@ def free_bytes(path: Path) -> int:
     return 0
 
 
+def total_bytes(path: Path) -> int:
+    """Size of the filesystem holding `path`: what a budget given as a share refers to."""
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize
+
+
 def open_dir(path: Path) -> int:
     """Open an existing directory that is not itself a symlink."""
     return os.open(path, _DIR_FLAGS)
@@ -95,6 +104,34 @@ def open_file_beneath(root_fd: int, relative: PurePosixPath, flags: int, mode: i
         os.close(parent)
 
 
+_RENAME_EXCHANGE = 2
+
+
+def exchange(dir_fd: int, name: str, other_dir_fd: int, other_name: str) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where the kernel or fs can't.
+
+    A refreshed model replaces the old one in a single step: a reader sees the old
+    directory or the new one at the ready path, never neither.
+    """
+    libc = _libc()
+    renameat2 = getattr(libc, "renameat2", None) if libc is not None else None
+    if renameat2 is None:
+        return False
+    rc = renameat2(dir_fd, name.encode(), other_dir_fd, other_name.encode(), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), other_name)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name, use_errno=True) if name else None
+
+
 def fsync_dir(path: Path) -> None:
     fd = open_dir(path)
     try:
@@ -103,14 +140,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
-    """Write a small file so readers see the old or the new content, never a torn one."""
+def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, fsync: bool = True) -> None:
+    """Write a small file so readers see the old or the new content, never a torn one.
+
+    `fsync=False` for advisory files (progress notes) that need atomicity but not durability.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.write(fd, data)
         os.fchmod(fd, mode)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     try:
@@ -119,7 +160,8 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if fsync:
+        fsync_dir(path.parent)
 
 
 def remove_tree(path: Path) -> None:

@@ -18,10 +18,11 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from tenacity import (
@@ -48,8 +49,10 @@ from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
 from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, plan_parts, plan_pull
 from modelsync.core.record import CompletionRecord, weakest
-from modelsync.core.refs import ModelRef
-from modelsync.engine.events import PullEvents
+from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.engine.catalog import Catalog, open_catalog
+from modelsync.engine.events import ByteCounter, PullEvents
+from modelsync.engine.evict import make_room
 from modelsync.engine.ready import quick_check
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import TokenBucket
@@ -72,6 +75,7 @@ _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 CANCEL_POLL_S = 0.1
 
 _T = TypeVar("_T")
+_NOTHING: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,12 @@ class PullCancelledError(Exception):
 
 
 def pull(
-    settings: Settings, ref: ModelRef, events: PullEvents, cancel: threading.Event | None = None
+    settings: Settings,
+    ref: ModelRef,
+    events: PullEvents,
+    cancel: threading.Event | None = None,
+    protected: Mapping[str, str] = _NOTHING,
+    refresh: bool = False,
 ) -> PullResult:
     """Make `ref` ready in the cache and return where; waits for another puller of it.
 
@@ -96,21 +105,33 @@ def pull(
     stop it: the transfer is cancelled like a Ctrl-C, its sockets closed and
     its threads joined, and `PullCancelledError` is raised. Waiting for another
     puller's lock is not interrupted.
+
+    `protected` (model id -> reason) are models that making room must not evict.
+    `refresh` checks a ready model against the source and, when its objects
+    changed, pulls the new revision (reusing unchanged files) and swaps it in.
     """
     started = time.monotonic()
     cache = Cache(settings.cache_dir)
     cache.ensure()
     with cache.locked(ref, on_wait=events.waiting):
-        record = cache.ready_record(ref)
-        if record is not None:
-            if not quick_check(cache, ref, record):
-                return PullResult(cache.ready_path(ref), record.total_bytes, 0, 0.0, len(record.files))
+        current = cache.ready_record(ref)
+        if current is not None and quick_check(cache.ready_path(ref), current):
             cache.unpublish(ref)  # damaged: never serve it while it is pulled again
-        path, plan = asyncio.run(_cancellable(_Puller(settings, cache, ref, events).run(), cancel))
+            current = None
+        if current is not None and not refresh:
+            cache.touch(ref)
+            return PullResult(cache.ready_path(ref), current.total_bytes, 0, 0.0, len(current.files))
+        with open_catalog(cache) as catalog:
+            puller = _Puller(settings, cache, catalog, ref, events, protected, current)
+            try:
+                path, plan = asyncio.run(_cancellable(puller.run(), cancel))
+            finally:
+                cache.release_reservation(ref)
+        cache.touch(ref)
     return PullResult(
         path=path,
         total_bytes=plan.total_bytes,
-        fetched_bytes=plan.missing_bytes,
+        fetched_bytes=puller.counter.fetched_bytes,
         seconds=time.monotonic() - started,
         files=len(plan.files),
     )
@@ -129,11 +150,24 @@ async def _cancellable(work: Coroutine[Any, Any, _T], cancel: threading.Event | 
 
 
 class _Puller:
-    def __init__(self, settings: Settings, cache: Cache, ref: ModelRef, events: PullEvents) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cache: Cache,
+        catalog: Catalog,
+        ref: ModelRef,
+        events: PullEvents,
+        protected: Mapping[str, str],
+        current: CompletionRecord | None,
+    ) -> None:
         self.settings = settings
         self.cache = cache
+        self.catalog = catalog
         self.ref = ref
         self.events = events
+        self.protected = protected
+        self.current = current
+        self.counter = ByteCounter()
         self.staging: Staging = cache.staging(ref)
         self.window = asyncio.Semaphore(settings.concurrency)
         self.hash_slots = asyncio.Semaphore(HASH_SLOTS)
@@ -149,16 +183,36 @@ class _Puller:
         async with open_s3(self.settings) as s3, self._data_plane():
             self.s3 = s3
             files = await self._files()
+            if self.current is not None and _unchanged(self.current, files):
+                self.events.planned(len(files), self.current.total_bytes, 0)
+                return self.cache.ready_path(self.ref), plan_pull(files, self.settings.part_size_bytes, {})
             state = self.staging.journal.load()
+            if not set(state.files) <= {f.path for f in files}:
+                # A journal naming a file the model no longer has would publish a stray file: start over.
+                state = JournalState()
+            resume = bool(state.files)
             plan = plan_pull(files, self.settings.part_size_bytes, state.done_parts(), state.part_sizes())
-            # A journal naming a file the model no longer has would publish a stray file: start over.
-            resume = bool(state.files) and set(state.files) <= {f.path for f in files}
             self.staging.prepare(resume=resume)
             self.verified = {
                 path: v for path, v in state.verified.items() if self._journal_matches(state, path, files)
             }
-            self._check_space(plan, state)
-            self.events.planned(len(plan.files), plan.total_bytes, plan.missing_bytes)
+            linked = self._link_copies(plan, state)
+            needed = sum(
+                w.file.size_bytes
+                for w in plan.files
+                if w.file.path not in state.files and w.file.path not in linked
+            )
+            await asyncio.to_thread(
+                make_room,
+                self.settings,
+                self.cache,
+                self.catalog,
+                self.ref,
+                needed,
+                self.protected,
+                lambda: self._allocate(plan, skip=set(state.files) | set(linked)),
+            )
+            self.events.planned(len(plan.files), plan.total_bytes, plan.missing_bytes - sum(linked.values()))
             file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
             with first_error():
                 async with asyncio.TaskGroup() as tg:
@@ -169,7 +223,8 @@ class _Puller:
                             work.file.size_bytes,
                             _part_size(work),
                         )
-                        task = tg.create_task(self._file(work, known=resume and known))
+                        allocated = work.file.path not in state.files
+                        task = tg.create_task(self._file(work, known=allocated or (resume and known)))
                         task.add_done_callback(lambda _t: file_slots.release())
             record = CompletionRecord(
                 source=self.ref.uri,
@@ -181,6 +236,7 @@ class _Puller:
                 ),
             )
             path = await asyncio.to_thread(self.cache.publish, self.ref, self.staging, record)
+            self.catalog.register(self.ref, record)
             return path, plan
 
     @contextlib.asynccontextmanager
@@ -235,21 +291,48 @@ class _Puller:
         by_path = {f.path: f for f in files}
         return path in by_path and state.files.get(path, ("",))[0] == by_path[path].etag
 
-    def _check_space(self, plan: PullPlan, state: JournalState) -> None:
-        needed = sum(w.file.size_bytes for w in plan.files if w.file.path not in state.files)
-        free = fs.free_bytes(self.staging.dir)
-        if needed > free:
-            raise DiskFullError(
-                f"not enough space in {self.cache.root} for {self.ref.uri}: needs {needed} bytes, "
-                f"{free} bytes free; evict models (modelsync evict) or enlarge the cache"
-            )
+    def _link_copies(self, plan: PullPlan, state: JournalState) -> dict[str, int]:
+        """Hard-link files the cache already holds with the same content, instead of fetching them.
+
+        Same content means same size and xxh3-128 (manifest), or same size and an
+        ETag that is an MD5 of the bytes; an opaque ETag proves nothing across keys.
+        Returns the bytes linked per path.
+        """
+        linked: dict[str, int] = {}
+        for work in plan.files:
+            f = work.file
+            if f.path in state.files or f.size_bytes == 0:
+                continue
+            proving_etag = None if etag_kind(f.etag) is EtagKind.OPAQUE else f.etag
+            for copy in self.catalog.index.find_copy(f.size_bytes, f.xxh3_128, proving_etag):
+                source = parse_model_name(copy.model).cache_path / copy.path
+                if not self.staging.link_from(self.cache.root, source, (copy.dev, copy.ino), f.path):
+                    continue
+                by = "manifest" if f.xxh3_128 is not None else etag_kind(f.etag).value
+                self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, _part_size(work))
+                self.staging.journal.file_verified(f.path, copy.xxh3_128, by)
+                self.verified[f.path] = (copy.xxh3_128, by)
+                linked[f.path] = f.size_bytes
+                break
+        return linked
+
+    def _allocate(self, plan: PullPlan, skip: set[str]) -> None:
+        """Claim every new file's space now, under the space lock, so concurrent pulls cannot over-commit."""
+        for work in plan.files:
+            if work.file.path in skip:
+                continue
+            with fs.storage_errors(self.staging.dir / work.file.path, work.file.size_bytes):
+                self.staging.journal.begin_file(
+                    work.file.path, work.file.etag, work.file.size_bytes, _part_size(work)
+                )
+                os.close(self.staging.open_file(work.file.path, work.file.size_bytes))
 
     # -- one file ----------------------------------------------------------------
 
     async def _file(self, work: FileWork, known: bool) -> None:
         """Fetch and verify one file; a changed object or a bad checksum gets one fresh try."""
         f = work.file
-        if f.path in self.verified and not work.missing:
+        if f.path in self.verified:  # linked from a cached copy, or verified before a restart
             return
         for attempt in (1, 2):
             if attempt == 2 or not known:
@@ -309,12 +392,7 @@ class _Puller:
                     try:
                         await _in_thread(
                             loop.run_in_executor(
-                                self.executor,
-                                self.client.fetch_into,
-                                req,
-                                fd,
-                                start,
-                                self.events.fetched,
+                                self.executor, self.client.fetch_into, req, fd, start, self._progress
                             )
                         )
                     except TransientFetchError as exc:
@@ -327,6 +405,10 @@ class _Puller:
                 "it resumes where it stopped"
             ) from None
         self.staging.journal.part_written(f.path, part.index)
+
+    def _progress(self, n_bytes: int) -> None:
+        self.counter.fetched(n_bytes)
+        self.events.fetched(n_bytes)
 
     async def _url(self, f: RemoteFile, fresh: bool) -> str:
         if fresh or f.key not in self.urls:
@@ -411,6 +493,12 @@ def _mismatch(f: RemoteFile, detail: str) -> ChecksumMismatchError:
         f"checksum mismatch for {f.key} ({detail}) after a re-fetch; the stored object or "
         "its manifest is corrupt, republish it"
     )
+
+
+def _unchanged(record: CompletionRecord, files: list[RemoteFile]) -> bool:
+    """Whether the source still holds exactly the objects the ready revision was made from."""
+    have = {(f.path, f.size, f.etag) for f in record.files}
+    return have == {(f.path, f.size_bytes, f.etag) for f in files}
 
 
 def _part_size(work: FileWork) -> int:

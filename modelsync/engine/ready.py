@@ -24,9 +24,8 @@ class Problem:
     reason: str
 
 
-def quick_check(cache: Cache, ref: ModelRef, record: CompletionRecord) -> list[Problem]:
-    """Presence, type and size of every recorded file: one lstat each, no reads."""
-    root = cache.ready_path(ref)
+def quick_check(root: Path, record: CompletionRecord) -> list[Problem]:
+    """Presence, type and size of every file of the model at `root`: one lstat each, no reads."""
     problems = []
     for f in record.files:
         try:
@@ -43,11 +42,11 @@ def quick_check(cache: Cache, ref: ModelRef, record: CompletionRecord) -> list[P
     return problems
 
 
-def full_check(cache: Cache, ref: ModelRef, record: CompletionRecord) -> list[Problem]:
+def full_check(root: Path, record: CompletionRecord) -> list[Problem]:
     """Re-hash every file against the record's xxh3-128; never follows a symlink."""
-    problems = quick_check(cache, ref, record)
+    problems = quick_check(root, record)
     bad = {p.path for p in problems}
-    root_fd = fs.open_dir(cache.ready_path(ref))
+    root_fd = fs.open_dir(root)
     try:
         for f in record.files:
             if f.path in bad:
@@ -68,6 +67,6 @@ def warm_path(cache_dir: Path, ref: ModelRef) -> Path | None:
     """The ready path when the model is complete and its files look intact, else None."""
     cache = Cache(cache_dir)
     record = cache.ready_record(ref)
-    if record is None or quick_check(cache, ref, record):
+    if record is None or quick_check(cache.ready_path(ref), record):
         return None
     return cache.ready_path(ref)

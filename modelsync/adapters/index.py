@@ -1,0 +1,191 @@
+"""The cache index: one SQLite database (WAL) of ready models and their files.
+
+It is derived state. The completion records on disk are the truth about what is
+ready; pins and last-used times live in small files beside them. The index
+makes `ls`, eviction planning and deduplication fast on caches of many
+thousand models, and is rebuilt from the records whenever it is missing,
+corrupt or of another schema version — losing it loses nothing.
+
+WAL mode lets readers (ls, a warm pull's dedup lookup) run while one writer
+commits; the busy timeout makes concurrent writers queue instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsync.adapters import fs
+from modelsync.core.record import CompletionRecord
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = """
+CREATE TABLE models (
+    model TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    state TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    files INTEGER NOT NULL,
+    completed_at REAL NOT NULL,
+    verified_at REAL,
+    verified_by TEXT NOT NULL
+);
+CREATE TABLE files (
+    model TEXT NOT NULL REFERENCES models(model) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    xxh3_128 TEXT NOT NULL,
+    etag TEXT,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    PRIMARY KEY (model, path)
+);
+CREATE INDEX files_by_digest ON files(size_bytes, xxh3_128);
+CREATE INDEX files_by_etag ON files(etag, size_bytes);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedModel:
+    model: str
+    source: str
+    state: str
+    size_bytes: int
+    files: int
+    completed_at: float
+    verified_at: float | None
+    verified_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedFile:
+    model: str
+    path: str
+    size_bytes: int
+    xxh3_128: str
+    etag: str | None
+    dev: int
+    ino: int
+
+
+class Index:
+    """A connection to the index; open one per command, close it when done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        # Used from one thread at a time, but not always the one that opened it (asyncio.to_thread).
+        db = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA foreign_keys = ON")
+        _share_with_group(self.path)
+        return db
+
+    def close(self) -> None:
+        self._db.close()
+
+    def is_current(self) -> bool:
+        """False when the schema is missing, of another version, or the database is damaged."""
+        try:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            ok = self._db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        except sqlite3.DatabaseError:
+            return False
+        return bool(ok and version == SCHEMA_VERSION)
+
+    def reset(self) -> None:
+        """Start an empty index of the current schema (the caller then re-adds every record)."""
+        self._db.close()
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+        self._db = self._connect()
+        self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def put(
+        self, model: str, record: CompletionRecord, inodes: dict[str, tuple[int, int]], state: str
+    ) -> None:
+        """Insert or replace a model and its files; `inodes` maps path to (device, inode)."""
+        with self.transaction():
+            self._db.execute("DELETE FROM models WHERE model = ?", (model,))
+            self._db.execute(
+                "INSERT INTO models VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    model,
+                    record.source,
+                    state,
+                    record.total_bytes,
+                    len(record.files),
+                    record.completed_at,
+                    record.completed_at,
+                    record.verified_by,
+                ),
+            )
+            self._db.executemany(
+                "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (model, f.path, f.size, f.xxh3_128, f.etag, *inodes.get(f.path, (0, 0)))
+                    for f in record.files
+                ],
+            )
+
+    def remove(self, models: Iterable[str]) -> None:
+        with self.transaction():
+            self._db.executemany("DELETE FROM models WHERE model = ?", [(m,) for m in models])
+
+    def set_state(self, model: str, state: str) -> None:
+        self._db.execute("UPDATE models SET state = ? WHERE model = ?", (state, model))
+
+    def set_verified(self, model: str, at: float) -> None:
+        self._db.execute("UPDATE models SET verified_at = ? WHERE model = ?", (at, model))
+
+    def models(self) -> list[IndexedModel]:
+        rows = self._db.execute("SELECT * FROM models ORDER BY model").fetchall()
+        return [IndexedModel(*row) for row in rows]
+
+    def files(self) -> list[IndexedFile]:
+        rows = self._db.execute("SELECT * FROM files").fetchall()
+        return [IndexedFile(*row) for row in rows]
+
+    def find_copy(self, size_bytes: int, xxh3_128: str | None, etag: str | None) -> list[IndexedFile]:
+        """Cached files with the same content: same size and digest, or same size and proving ETag."""
+        if xxh3_128 is not None:
+            query, args = "f.size_bytes = ? AND f.xxh3_128 = ?", (size_bytes, xxh3_128)
+        elif etag is not None:
+            query, args = "f.size_bytes = ? AND f.etag = ?", (size_bytes, etag)
+        else:
+            return []
+        rows = self._db.execute(
+            f"SELECT f.* FROM files f JOIN models m ON m.model = f.model WHERE m.state = 'ready' AND {query}",
+            args,
+        ).fetchall()
+        return [IndexedFile(*row) for row in rows]
+
+
+def _share_with_group(path: Path) -> None:
+    """Daemon and init containers may run as different uids of one group: keep the files group-writable."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.chmod(f"{path}{suffix}", fs.FILE_MODE)

@@ -1,0 +1,219 @@
+"""What the cache holds, as one consistent view: index rows joined with the markers on disk.
+
+The index is kept in step with the completion records on every open: records
+without a row are added, rows without a record are dropped, and a missing or
+damaged index is rebuilt from the records. So `ls` after deleting the index
+shows the same models, and only LRU order falls back to what the `used/`
+markers (or the completion times) say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsync.adapters.cache import Cache
+from modelsync.adapters.index import Index, IndexedModel
+from modelsync.core.eviction import Blob, CacheEntry, EntryState
+from modelsync.core.record import CompletionRecord, parse_record
+from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.errors import ManifestError, ModelsyncError
+
+READY = "ready"
+QUARANTINED = "quarantined"
+PULLING = "pulling"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """One row of `modelsync ls`."""
+
+    model: str
+    source: str
+    state: str
+    size_bytes: int
+    last_used: float
+    pinned: bool
+    verified_at: float | None
+    verified_by: str
+    lease_until: float | None
+
+
+class Catalog:
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+        cache.ensure()
+        self.index = Index(cache.index_path)
+        if not self.index.is_current():
+            self.index.reset()
+        self._sync()
+
+    def close(self) -> None:
+        self.index.close()
+
+    # -- keeping the index in step with the records ----------------------------------
+
+    def _sync(self) -> None:
+        rows = {m.model: m for m in self.index.models()}
+        on_disk = dict(self._records_on_disk())
+        stale = [model for model in rows if model not in on_disk]
+        if stale:
+            self.index.remove(stale)
+        for model, (ref, record, state) in on_disk.items():
+            row = rows.get(model)
+            if row is None or row.state != state or row.completed_at != record.completed_at:
+                self.register(ref, record, state)
+
+    def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, str]]]:
+        for directory, state in ((self.cache.records_dir, READY), (self.cache.quarantine_dir, QUARANTINED)):
+            for path in _json_files(directory):
+                record = _read_record(path)
+                if record is None:
+                    continue
+                try:
+                    ref = parse_model_name(record.source)
+                except ModelsyncError:
+                    continue
+                if path.stem != ref.slug or not _is_dir(self._data_dir(ref, state)):
+                    continue
+                yield ref.model_id, (ref, record, state)
+
+    def _data_dir(self, ref: ModelRef, state: str) -> Path:
+        return self.cache.ready_path(ref) if state == READY else self.cache.quarantine_dir / ref.slug
+
+    def register(self, ref: ModelRef, record: CompletionRecord, state: str = READY) -> None:
+        """Add or replace a model's row, with the inode of each file for hard-link accounting."""
+        root = self._data_dir(ref, state)
+        inodes = {}
+        for f in record.files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(root / f.path)
+                if stat.S_ISREG(st.st_mode):
+                    inodes[f.path] = (st.st_dev, st.st_ino)
+        self.index.put(ref.model_id, record, inodes, state)
+
+    # -- views -----------------------------------------------------------------------
+
+    def views(self) -> list[ModelView]:
+        views = [self._view(row) for row in self.index.models()]
+        known = {v.model for v in views}
+        for ref, n_bytes in self._pulls():
+            if ref.model_id not in known:
+                views.append(
+                    ModelView(
+                        ref.model_id,
+                        ref.uri,
+                        PULLING,
+                        n_bytes,
+                        0.0,
+                        self.cache.is_pinned(ref),
+                        None,
+                        "",
+                        None,
+                    )
+                )
+        return sorted(views, key=lambda v: v.model)
+
+    def _view(self, row: IndexedModel) -> ModelView:
+        ref = parse_model_name(row.model)
+        return ModelView(
+            model=row.model,
+            source=row.source,
+            state=row.state,
+            size_bytes=row.size_bytes,
+            last_used=self.cache.last_used(ref) or row.completed_at,
+            pinned=self.cache.is_pinned(ref),
+            verified_at=row.verified_at,
+            verified_by=row.verified_by,
+            lease_until=self.cache.lease_until(ref),
+        )
+
+    def _pulls(self) -> list[tuple[ModelRef, int]]:
+        """Pulls in progress in any process, with the space each reserved."""
+        pulls = []
+        for slug, n_bytes in self.cache.reservations().items():
+            source = _reservation_source(self.cache.reservations_dir / slug)
+            if source is None:
+                continue
+            with contextlib.suppress(ModelsyncError):
+                pulls.append((parse_model_name(source), n_bytes))
+        return pulls
+
+    def eviction_entries(self) -> list[CacheEntry]:
+        """The cache as the eviction planner sees it: models, their physical files, running pulls."""
+        blobs: dict[str, set[Blob]] = {}
+        for f in self.index.files():
+            key = (f.dev, f.ino) if f.ino else (-1, _stable_id(f.model, f.path))
+            blobs.setdefault(f.model, set()).add(Blob(key, f.size_bytes))
+        entries = []
+        for view in self.views():
+            if view.state == PULLING:
+                reserved = {Blob((-2, _stable_id(view.model, "")), view.size_bytes)}
+                entries.append(
+                    CacheEntry(view.model, 0.0, view.pinned, EntryState.PULLING, None, frozenset(reserved))
+                )
+                continue
+            state = EntryState.QUARANTINED if view.state == QUARANTINED else EntryState.READY
+            entries.append(
+                CacheEntry(
+                    model=view.model,
+                    last_used=view.last_used,
+                    pinned=view.pinned,
+                    state=state,
+                    in_use_until=view.lease_until,
+                    blobs=frozenset(blobs.get(view.model, ())),
+                )
+            )
+        return entries
+
+    def view(self, model: str) -> ModelView | None:
+        return next((v for v in self.views() if v.model == model), None)
+
+
+@contextlib.contextmanager
+def open_catalog(cache: Cache) -> Iterator[Catalog]:
+    catalog = Catalog(cache)
+    try:
+        yield catalog
+    finally:
+        catalog.close()
+
+
+def _json_files(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def _read_record(path: Path) -> CompletionRecord | None:
+    try:
+        return parse_record(path.read_bytes(), str(path))
+    except (OSError, ManifestError):
+        return None
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _reservation_source(path: Path) -> str | None:
+    try:
+        source = json.loads(path.read_bytes())["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if isinstance(source, str) else None
+
+
+def _stable_id(*parts: str) -> int:
+    """A deterministic blob id for rows without an inode (never collides with a real one)."""
+    return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:7], "big")

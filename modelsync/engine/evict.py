@@ -1,0 +1,125 @@
+"""Executing eviction plans, and making room for a pull under the cache budget.
+
+Plans come from core/eviction.py; this module only carries them out, in the
+safe order: take the model's lock (a model being pulled is skipped), make the
+ready path disappear in one rename, drop its record and index row, then delete
+the data. A reader never sees half a model; files it already has open stay
+readable until it closes them.
+
+Space is decided under one cache-wide lock, so two pulls never both count the
+same free bytes: each computes what it needs, evicts if the budget or the disk
+requires it, and records a reservation that other pulls see as used space.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from modelsync.adapters import fs
+from modelsync.adapters.cache import Cache, ModelLock
+from modelsync.config import Settings
+from modelsync.core.eviction import EvictionPlan, plan_eviction, plan_watermarks
+from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.engine.catalog import QUARANTINED, Catalog
+from modelsync.errors import DiskFullError
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionResult:
+    evicted: tuple[str, ...]
+    #: models the plan named that were being pulled (or refreshed) by then, left alone
+    skipped: tuple[str, ...]
+
+
+def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResult:
+    """Unpublish and delete `models`; a model whose lock is held is skipped, not waited for."""
+    evicted, skipped = [], []
+    for model in models:
+        ref = parse_model_name(model)
+        lock = cache.lock(ref)
+        if not lock.try_acquire():
+            skipped.append(model)
+            continue
+        try:
+            view = catalog.view(model)
+            if view is not None and view.state == QUARANTINED:
+                fs.remove_tree(cache.quarantine_dir / ref.slug)
+                (cache.quarantine_dir / f"{ref.slug}.json").unlink(missing_ok=True)
+            cache.unpublish(ref)
+            cache.forget(ref)
+            catalog.index.remove([model])
+        finally:
+            lock.release()
+        evicted.append(model)
+    return EvictionResult(tuple(evicted), tuple(skipped))
+
+
+def budget_bytes(settings: Settings) -> int | None:
+    if settings.cache_budget is None:
+        return None
+    return settings.cache_budget.resolve(fs.total_bytes(settings.cache_dir))
+
+
+def make_room(
+    settings: Settings,
+    cache: Cache,
+    catalog: Catalog,
+    ref: ModelRef,
+    needed_bytes: int,
+    protected: Mapping[str, str],
+    allocate: Callable[[], None],
+) -> EvictionResult:
+    """Reserve `needed_bytes` for pulling `ref`, evicting LRU models when budget or disk demand it.
+
+    `allocate` claims the space on disk while the cache-wide lock is still held,
+    so the next pull's free-space reading already accounts for it. Raises
+    DiskFullError, naming what is pinned or protected, when it can never fit.
+    """
+    space_lock = ModelLock(cache.locks_dir / "space.lock")
+    space_lock.acquire()
+    try:
+        now = time.time()
+        budget = budget_bytes(settings)
+        # The model being pulled may have an older revision cached: it is replaced, never evicted.
+        protected = {**protected, ref.model_id: "being pulled"}
+        evicted: list[str] = []
+        skipped: list[str] = []
+        if budget is not None:
+            plan = plan_watermarks(
+                catalog.eviction_entries(),
+                budget,
+                settings.high_watermark,
+                settings.low_watermark,
+                needed_bytes,
+                now,
+                settings.in_use_grace_s,
+                protected,
+            )
+            _refuse_unless_satisfied(plan, ref, needed_bytes, f"a cache budget of {budget} bytes")
+            result = evict(cache, catalog, plan.victims)
+            evicted += result.evicted
+            skipped += result.skipped
+        free = fs.free_bytes(cache.root)
+        if needed_bytes > free:
+            plan = plan_eviction(
+                catalog.eviction_entries(), needed_bytes - free, now, settings.in_use_grace_s, protected
+            )
+            _refuse_unless_satisfied(plan, ref, needed_bytes, f"{free} bytes free on {cache.root}")
+            result = evict(cache, catalog, plan.victims)
+            evicted += result.evicted
+            skipped += result.skipped
+        cache.reserve(ref, needed_bytes)
+        allocate()
+        return EvictionResult(tuple(evicted), tuple(skipped))
+    finally:
+        space_lock.release()
+
+
+def _refuse_unless_satisfied(plan: EvictionPlan, ref: ModelRef, needed_bytes: int, limit: str) -> None:
+    if not plan.satisfied:
+        raise DiskFullError(
+            f"{ref.uri} needs {needed_bytes} bytes, with {limit}; {plan.describe()[0]}; "
+            "unpin or evict models, raise MODELSYNC_CACHE_MAX_BYTES, or free disk space"
+        )

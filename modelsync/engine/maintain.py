@@ -1,0 +1,218 @@
+"""Operator maintenance: verify ready models, quarantine damaged ones, repair them, collect garbage.
+
+Nothing here follows a symlink: a link planted inside a model directory is
+reported, never read through, and removed only by unlinking the link itself.
+Every step works while other processes pull: a model whose lock is held is
+left alone and reported as busy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelsync.adapters import fs
+from modelsync.adapters.cache import Cache, Journal
+from modelsync.core.parts import plan_parts
+from modelsync.core.record import CompletionRecord, parse_record, render_record
+from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.engine.catalog import QUARANTINED, READY, Catalog
+from modelsync.engine.ready import Problem, full_check, quick_check
+from modelsync.errors import NotFoundError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCheck:
+    model: str
+    problems: tuple[Problem, ...]
+    #: the model was moved to quarantine by this check
+    quarantined: bool = False
+    busy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    path: Path
+    reason: str
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    checks: list[ModelCheck] = field(default_factory=list)
+    leftovers: list[Leftover] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(not c.problems for c in self.checks)
+
+
+def verify(cache: Cache, catalog: Catalog, model: str | None, full: bool) -> VerifyReport:
+    """Check one model or all ready ones; damaged models are quarantined (no longer served)."""
+    views = catalog.views()
+    if model is not None:
+        ref = parse_model_name(model)
+        views = [v for v in views if v.model == ref.model_id]
+        if not views:
+            raise NotFoundError(f"no cached model {ref.model_id!r}; run `modelsync ls`")
+    report = VerifyReport()
+    for view in views:
+        if view.state != READY:
+            continue
+        report.checks.append(_check_model(cache, catalog, parse_model_name(view.model), full))
+    report.leftovers = leftovers(cache)
+    return report
+
+
+def _check_model(cache: Cache, catalog: Catalog, ref: ModelRef, full: bool) -> ModelCheck:
+    lock = cache.lock(ref)
+    if not lock.try_acquire():
+        return ModelCheck(ref.model_id, (), busy=True)
+    try:
+        record = cache.ready_record(ref)
+        if record is None:
+            return ModelCheck(ref.model_id, (Problem("", "completion record missing"),))
+        root = cache.ready_path(ref)
+        problems = full_check(root, record) if full else quick_check(root, record)
+        problems += _strays(root, record)
+        if not problems:
+            catalog.index.set_verified(ref.model_id, time.time())
+            return ModelCheck(ref.model_id, ())
+        _quarantine(cache, catalog, ref, record)
+        return ModelCheck(ref.model_id, tuple(problems), quarantined=True)
+    finally:
+        lock.release()
+
+
+def _strays(root: Path, record: CompletionRecord) -> list[Problem]:
+    """Symlinks and files the record does not list: planted or left behind, never followed."""
+    expected = {f.path for f in record.files}
+    problems = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            relative = path.relative_to(root).as_posix()
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                problems.append(Problem(relative, "is a symlink (not followed)"))
+            elif not stat.S_ISDIR(mode) and relative not in expected:
+                problems.append(Problem(relative, "not in the completion record"))
+    return problems
+
+
+def _quarantine(cache: Cache, catalog: Catalog, ref: ModelRef, record: CompletionRecord) -> None:
+    """Unpublish in one rename, keeping the data for --repair; the caller holds the model's lock."""
+    target = cache.quarantine_dir / ref.slug
+    fs.remove_tree(target)
+    with fs.storage_errors(target):
+        fs.write_atomic(cache.quarantine_dir / f"{ref.slug}.json", render_record(record))
+        os.rename(cache.ready_path(ref), target)
+        cache.record_path(ref).unlink(missing_ok=True)
+    catalog.register(ref, record, QUARANTINED)
+
+
+def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: int) -> ModelRef:
+    """Turn a quarantined model back into a resumable staging area that keeps its good files.
+
+    Good files are journaled as verified with their recorded digest and ETag, so
+    the next pull fetches only the bad or missing ones — if the source still
+    holds the same objects; changed objects are fetched whole.
+    """
+    ref = parse_model_name(model)
+    record_path = cache.quarantine_dir / f"{ref.slug}.json"
+    view = catalog.view(ref.model_id)
+    if view is None or view.state != QUARANTINED or not record_path.exists():
+        raise NotFoundError(
+            f"{ref.model_id!r} is not quarantined; `modelsync verify` quarantines damaged models"
+        )
+    with cache.locked(ref):
+        record = parse_record(record_path.read_bytes(), str(record_path))
+        data = cache.quarantine_dir / ref.slug
+        bad = {p.path for p in full_check(data, record)}
+        staging = cache.staging(ref)
+        fs.remove_tree(staging.dir)
+        with fs.storage_errors(staging.dir):
+            os.rename(data, staging.dir)
+            for problem in _strays(staging.dir, record):
+                _unlink_quietly(staging.dir / problem.path)
+            for path in bad:
+                _unlink_quietly(staging.dir / path)
+            journal = Journal(staging.journal.path, ref.uri)
+            journal.start(keep=False)
+            for f in record.files:
+                if f.path in bad or f.etag is None:
+                    continue
+                journal.begin_file(f.path, f.etag, f.size, _layout(f.size, part_size_bytes))
+                journal.file_verified(f.path, f.xxh3_128, record.verified_by)
+            journal.close()
+            record_path.unlink()
+        catalog.index.remove([ref.model_id])
+    return ref
+
+
+def _layout(size_bytes: int, part_size_bytes: int) -> int:
+    parts = plan_parts(size_bytes, part_size_bytes)
+    return parts[0].size_bytes if parts else 1
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(path)
+    if path.is_dir() and not path.is_symlink():
+        fs.remove_tree(path)
+
+
+def leftovers(cache: Cache, older_than_s: float = 0.0) -> list[Leftover]:
+    """Crash debris: staging without a journal, journals without staging, orphan locks, trash."""
+    now = time.time()
+    found = []
+    staging_names = _names(cache.staging_dir)
+    for name in staging_names:
+        path = cache.staging_dir / name
+        slug = name.removesuffix(".journal")
+        if cache.lock_is_held(slug) or now - _mtime(path) < older_than_s:
+            continue
+        if name.endswith(".journal"):
+            reason = "journal of an interrupted pull" if slug in staging_names else "journal without data"
+        else:
+            reason = "interrupted pull" if f"{slug}.journal" in staging_names else "staging without a journal"
+        found.append(Leftover(path, reason))
+    live = {p.stem for p in cache.records_dir.glob("*.json")} | {
+        n.removesuffix(".journal") for n in staging_names
+    }
+    for name in _names(cache.locks_dir):
+        slug = name.removesuffix(".lock").removesuffix(".holder")
+        if slug in live or slug == "space" or cache.lock_is_held(slug):
+            continue
+        if now - _mtime(cache.locks_dir / name) >= older_than_s:
+            found.append(Leftover(cache.locks_dir / name, "orphan lock"))
+    found += [Leftover(cache.trash_dir / n, "unfinished delete") for n in _names(cache.trash_dir)]
+    return found
+
+
+def collect_garbage(cache: Cache, catalog: Catalog, older_than_s: float) -> list[Leftover]:
+    """Remove leftovers older than `older_than_s`; stale index rows were already dropped by the catalog."""
+    removed = leftovers(cache, older_than_s)
+    for item in removed:
+        if item.path.is_dir() and not item.path.is_symlink():
+            fs.remove_tree(item.path)
+        else:
+            item.path.unlink(missing_ok=True)
+    return removed
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return time.time()

@@ -23,7 +23,7 @@ from modelsync.adapters.index import Index, IndexedModel
 from modelsync.core.eviction import Blob, CacheEntry, EntryState
 from modelsync.core.record import CompletionRecord, parse_record
 from modelsync.core.refs import ModelRef, parse_model_name
-from modelsync.errors import ManifestError, ModelsyncError
+from modelsync.errors import ManifestError, ModelsyncError, NotFoundError
 
 READY = "ready"
 QUARANTINED = "quarantined"
@@ -52,14 +52,15 @@ class Catalog:
         self.index = Index(cache.index_path)
         if not self.index.is_current():
             self.index.reset()
-        self._sync()
+        #: index rows whose model was no longer on disk, dropped while opening
+        self.stale_rows_dropped = self._sync()
 
     def close(self) -> None:
         self.index.close()
 
     # -- keeping the index in step with the records ----------------------------------
 
-    def _sync(self) -> None:
+    def _sync(self) -> int:
         rows = {m.model: m for m in self.index.models()}
         on_disk = dict(self._records_on_disk())
         stale = [model for model in rows if model not in on_disk]
@@ -69,6 +70,7 @@ class Catalog:
             row = rows.get(model)
             if row is None or row.state != state or row.completed_at != record.completed_at:
                 self.register(ref, record, state)
+        return len(stale)
 
     def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, str]]]:
         for directory, state in ((self.cache.records_dir, READY), (self.cache.quarantine_dir, QUARANTINED)):
@@ -174,6 +176,12 @@ class Catalog:
 
     def view(self, model: str) -> ModelView | None:
         return next((v for v in self.views() if v.model == model), None)
+
+    def require(self, model: str) -> ModelView:
+        view = self.view(model)
+        if view is None:
+            raise NotFoundError(f"no cached model {model!r}; run `modelsync ls`")
+        return view
 
 
 @contextlib.contextmanager

@@ -54,10 +54,7 @@ def verify(cache: Cache, catalog: Catalog, model: str | None, full: bool) -> Ver
     """Check one model or all ready ones; damaged models are quarantined (no longer served)."""
     views = catalog.views()
     if model is not None:
-        ref = parse_model_name(model)
-        views = [v for v in views if v.model == ref.model_id]
-        if not views:
-            raise NotFoundError(f"no cached model {ref.model_id!r}; run `modelsync ls`")
+        views = [catalog.require(parse_model_name(model).model_id)]
     report = VerifyReport()
     for view in views:
         if view.state != READY:
@@ -123,8 +120,7 @@ def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: 
     """
     ref = parse_model_name(model)
     record_path = cache.quarantine_dir / f"{ref.slug}.json"
-    view = catalog.view(ref.model_id)
-    if view is None or view.state != QUARANTINED or not record_path.exists():
+    if catalog.require(ref.model_id).state != QUARANTINED or not record_path.exists():
         raise NotFoundError(
             f"{ref.model_id!r} is not quarantined; `modelsync verify` quarantines damaged models"
         )

@@ -1,0 +1,248 @@
+"""Operator commands on the node cache: ls, evict, pin, unpin, verify, gc.
+
+None of them imports the S3 stack, except `verify --repair`, which pulls the
+damaged files again. Each works while other processes pull: models being
+pulled are shown as such and never evicted or verified under a puller's feet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+
+from modelsync.adapters import fs
+from modelsync.adapters.cache import Cache
+from modelsync.cli_common import CacheDir, ConfigFile, EndpointUrl, Quiet, build_settings
+from modelsync.config import Settings
+from modelsync.core.eviction import EvictionPlan, plan_named, plan_to_size, plan_unused, unique_bytes
+from modelsync.core.refs import parse_model_name
+from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_size
+from modelsync.engine.catalog import Catalog, ModelView, open_catalog
+from modelsync.engine.evict import budget_bytes, evict
+from modelsync.errors import IntegrityError, UsageError
+
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
+
+
+def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = False) -> None:
+    """List cached models: size, last use, pin, state, verification, and totals against the budget."""
+    settings = build_settings(cache_dir=cache_dir, config=config)
+    cache = Cache(settings.cache_dir)
+    with open_catalog(cache) as catalog:
+        views = catalog.views()
+        used = unique_bytes(catalog.eviction_entries())
+    budget = budget_bytes(settings)
+    free = fs.free_bytes(settings.cache_dir)
+    if as_json:
+        doc = {
+            "models": [_as_dict(v) for v in views],
+            "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},
+        }
+        typer.echo(json.dumps(doc, indent=1))
+        return
+    now = time.time()
+    rows = [("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED")]
+    for v in views:
+        rows.append(
+            (
+                v.model,
+                v.state,
+                format_bytes(v.size_bytes),
+                _ago(v.last_used, now),
+                "yes" if v.pinned else "",
+                _ago(v.verified_at, now) if v.verified_at else "never",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    limit = f" of a {format_bytes(budget)} budget" if budget is not None else ""
+    typer.echo(f"{len(views)} models, {format_bytes(used)} used{limit}, {format_bytes(free)} free on disk")
+
+
+def evict_command(
+    models: Annotated[
+        list[str] | None, typer.Argument(help="Models to evict (bucket/prefix or s3:// URI).")
+    ] = None,
+    to_size: Annotated[
+        str | None, typer.Option("--to-size", help="Evict LRU models until the cache is this size.")
+    ] = None,
+    unused_for: Annotated[
+        str | None, typer.Option("--unused-for", help="Evict models unused this long, e.g. 7d.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Evict named models even when pinned.")] = False,
+    dry_run: DryRun = False,
+    cache_dir: CacheDir = None,
+    config: ConfigFile = None,
+) -> None:
+    """Evict models: by name, down to a size, or unused for a while."""
+    chosen = sum(x is not None and x != [] for x in (models, to_size, unused_for))
+    if chosen != 1:
+        raise UsageError("name models to evict, or give exactly one of --to-size or --unused-for")
+    settings = build_settings(cache_dir=cache_dir, config=config)
+    cache = Cache(settings.cache_dir)
+    with open_catalog(cache) as catalog:
+        plan = _eviction_plan(settings, catalog, models or [], to_size, unused_for, force)
+        for line in plan.describe():
+            typer.echo(line)
+        if dry_run:
+            return
+        result = evict(cache, catalog, plan.victims)
+    for model in result.skipped:
+        typer.echo(f"skipped {model}: a pull of it started meanwhile", err=True)
+    typer.echo(f"evicted {len(result.evicted)} model{'s' if len(result.evicted) != 1 else ''}")
+
+
+def _eviction_plan(
+    settings: Settings,
+    catalog: Catalog,
+    models: list[str],
+    to_size: str | None,
+    unused_for: str | None,
+    force: bool,
+) -> EvictionPlan:
+    entries = catalog.eviction_entries()
+    now = time.time()
+    if to_size is not None:
+        plan = plan_to_size(entries, parse_size(to_size), now, settings.in_use_grace_s)
+        if not plan.satisfied:
+            raise UsageError(plan.describe()[0])
+        return plan
+    if unused_for is not None:
+        return plan_unused(entries, parse_duration(unused_for), now, settings.in_use_grace_s)
+    return plan_named(entries, [parse_model_name(m).model_id for m in models], force)
+
+
+def pin(
+    model: Annotated[str, typer.Argument(help="Cached model (bucket/prefix or s3:// URI).")],
+    cache_dir: CacheDir = None,
+    config: ConfigFile = None,
+) -> None:
+    """Keep a model: it is never evicted to make room (explicit `evict --force` still can)."""
+    _set_pin(model, True, cache_dir, config)
+
+
+def unpin(
+    model: Annotated[str, typer.Argument(help="Cached model (bucket/prefix or s3:// URI).")],
+    cache_dir: CacheDir = None,
+    config: ConfigFile = None,
+) -> None:
+    """Let a pinned model be evicted again."""
+    _set_pin(model, False, cache_dir, config)
+
+
+def _set_pin(model: str, pinned: bool, cache_dir: CacheDir, config: ConfigFile) -> None:
+    ref = parse_model_name(model)
+    settings = build_settings(cache_dir=cache_dir, config=config)
+    cache = Cache(settings.cache_dir)
+    with open_catalog(cache) as catalog:
+        catalog.require(ref.model_id)
+    cache.pin(ref, pinned)
+    typer.echo(f"{'pinned' if pinned else 'unpinned'} {ref.model_id}")
+
+
+def verify(
+    model: Annotated[str | None, typer.Argument(help="One model; default: every ready model.")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Re-hash every byte against the records.")] = False,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Fetch only the bad files of quarantined models.")
+    ] = False,
+    cache_dir: CacheDir = None,
+    endpoint_url: EndpointUrl = None,
+    config: ConfigFile = None,
+    quiet: Quiet = False,
+) -> None:
+    """Check cached models; a damaged one is quarantined (no longer served), --repair refetches its bad files."""
+    from modelsync.engine.maintain import verify as run_verify
+
+    settings = build_settings(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config)
+    cache = Cache(settings.cache_dir)
+    with open_catalog(cache) as catalog:
+        report = run_verify(cache, catalog, model, full)
+        quarantined = [v.model for v in catalog.views() if v.state == "quarantined"]
+    for check in report.checks:
+        if check.busy:
+            typer.echo(f"busy  {check.model}: being pulled, not checked")
+        elif not check.problems:
+            typer.echo(f"ok    {check.model}")
+        for problem in check.problems:
+            typer.echo(f"bad   {check.model}/{problem.path}: {problem.reason}")
+    for item in report.leftovers:
+        typer.echo(f"note  {item.path}: {item.reason} (modelsync gc removes it)")
+    if repair:
+        targets = [parse_model_name(model).model_id] if model else quarantined
+        for target in targets:
+            _repair(settings, cache, target, quiet)
+        return
+    damaged = [c.model for c in report.checks if c.problems]
+    if damaged:
+        raise IntegrityError(
+            f"{len(damaged)} model(s) damaged and quarantined ({', '.join(damaged)}); "
+            "run `modelsync verify --repair` to fetch the bad files again"
+        )
+
+
+def _repair(settings: Settings, cache: Cache, model: str, quiet: bool) -> None:
+    from modelsync.engine.maintain import prepare_repair
+    from modelsync.engine.pull import pull
+    from modelsync.progress import StderrProgress
+
+    with open_catalog(cache) as catalog:
+        ref = prepare_repair(cache, catalog, model, settings.part_size_bytes)
+    progress = StderrProgress(ref.model_id, quiet=quiet)
+    try:
+        result = pull(settings, ref, progress)
+    finally:
+        progress.close()
+    typer.echo(f"repaired {ref.model_id}: fetched {format_bytes(result.fetched_bytes)}")
+
+
+def gc(
+    older_than: Annotated[str, typer.Option("--older-than", help="Only leftovers older than this.")] = "24h",
+    dry_run: DryRun = False,
+    cache_dir: CacheDir = None,
+    config: ConfigFile = None,
+) -> None:
+    """Remove abandoned staging, orphan locks, unfinished deletes and stale index rows."""
+    from modelsync.engine.maintain import collect_garbage, leftovers
+
+    settings = build_settings(cache_dir=cache_dir, config=config)
+    cache = Cache(settings.cache_dir)
+    age_s = parse_duration(older_than)
+    with open_catalog(cache) as catalog:
+        if catalog.stale_rows_dropped:
+            typer.echo(f"removed {catalog.stale_rows_dropped} stale index row(s)")
+        found = leftovers(cache, age_s) if dry_run else collect_garbage(cache, catalog, age_s)
+    verb = "would remove" if dry_run else "removed"
+    for item in found:
+        typer.echo(f"{verb} {item.path} ({item.reason})")
+    typer.echo(f"{verb} {len(found)} leftover(s)")
+
+
+def _ago(at: float | None, now: float) -> str:
+    if not at:
+        return "never"
+    return f"{format_duration(max(0.0, now - at))} ago"
+
+
+def _iso(at: float | None) -> str | None:
+    return datetime.fromtimestamp(at, UTC).isoformat() if at else None
+
+
+def _as_dict(v: ModelView) -> dict[str, object]:
+    return {
+        "model": v.model,
+        "source": v.source,
+        "state": v.state,
+        "size_bytes": v.size_bytes,
+        "last_used": _iso(v.last_used),
+        "pinned": v.pinned,
+        "verified_at": _iso(v.verified_at),
+        "verified_by": v.verified_by,
+        "lease_until": _iso(v.lease_until),
+    }

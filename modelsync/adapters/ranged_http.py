@@ -243,6 +243,18 @@ class RangeClient:
             except BaseException:
                 self._drop(endpoint)
                 raise
+            if head.status not in (200, 206):
+                # An error answer whose small body was read leaves the connection usable.
+                try:
+                    error = self._error_for_status(conn, head, req)
+                except BaseException:
+                    self._drop(endpoint)
+                    raise
+                if head.keep_alive:
+                    conn.reused = True
+                else:
+                    self._drop(endpoint)
+                raise error
             try:
                 written = self._handle(conn, head, req, fd, file_offset, on_progress)
             except BaseException:
@@ -286,9 +298,7 @@ class RangeClient:
 
     def _connect(self, endpoint: _Endpoint) -> socket.socket:
         try:
-            sock = socket.create_connection(
-                (endpoint.host, endpoint.port), timeout=self._connect_timeout_s
-            )
+            sock = socket.create_connection((endpoint.host, endpoint.port), timeout=self._connect_timeout_s)
         except OSError as exc:
             raise TransientFetchError(
                 f"cannot connect to {endpoint.netloc}: {exc}", bytes_written=0, reason="connect"
@@ -384,16 +394,13 @@ class RangeClient:
         want = req.end - req.start
         if head.status == 206:
             _check_content_range(head.headers, req)
-        elif head.status == 200:
-            # A server that ignores Range answers 200 with the whole object; that
-            # is only our range if the range is the whole object.
-            if req.start != 0 or head.headers.get("content-length") != str(want):
-                raise UnexpectedResponseError(
-                    f"asked for bytes {req.start}-{req.end - 1} and got the whole object "
-                    f"(status 200, content-length {head.headers.get('content-length')})"
-                )
-        else:
-            self._raise_for_status(conn, head, req)
+        elif req.start != 0 or head.headers.get("content-length") != str(want):
+            # A 200: the server ignored Range and sent the whole object, which is
+            # only our range if the range is the whole object.
+            raise UnexpectedResponseError(
+                f"asked for bytes {req.start}-{req.end - 1} and got the whole object "
+                f"(status 200, content-length {head.headers.get('content-length')})"
+            )
         if "chunked" in head.headers.get("transfer-encoding", "").lower():
             raise UnexpectedResponseError("chunked body for a range; expected Content-Length")
         length = head.headers.get("content-length")
@@ -450,21 +457,19 @@ class RangeClient:
         return written
 
     @staticmethod
-    def _flush(
-        fd: int, data: memoryview, offset: int, on_progress: Callable[[int], None] | None
-    ) -> int:
+    def _flush(fd: int, data: memoryview, offset: int, on_progress: Callable[[int], None] | None) -> int:
         n = _pwrite_all(fd, data, offset)
         if on_progress is not None:
             on_progress(n)
         return n
 
-    def _raise_for_status(self, conn: _Conn, head: _Head, req: RangeRequest) -> None:
+    def _error_for_status(self, conn: _Conn, head: _Head, req: RangeRequest) -> Exception:
         status = head.status
         code, message = self._read_error_body(conn, head)
         where = f"{req.url.split('?', 1)[0]} bytes {req.start}-{req.end - 1}"
         detail = f"{status} {code or ''} {message or ''}".strip()
         if status in _TRANSIENT_STATUSES or status >= 500:
-            raise TransientFetchError(
+            return TransientFetchError(
                 f"{where}: {detail}",
                 bytes_written=0,
                 reason=code or f"http-{status}",
@@ -473,17 +478,17 @@ class RangeClient:
             )
         if status == 403:
             if message and "expired" in message.lower():
-                raise PresignedUrlExpiredError(f"{where}: {detail}; presign the URL again")
-            raise AccessDeniedError(
+                return PresignedUrlExpiredError(f"{where}: {detail}; presign the URL again")
+            return AccessDeniedError(
                 f"{where}: {detail}; check the credentials and the bucket policy for this identity"
             )
         if status == 404:
-            raise NotFoundError(f"{where}: {detail}")
+            return NotFoundError(f"{where}: {detail}")
         if status in (412, 416):
-            raise ObjectChangedError(
+            return ObjectChangedError(
                 f"{where}: {detail}; the object changed since it was listed, pull again"
             )
-        raise UnexpectedResponseError(f"{where}: unexpected status {detail}")
+        return UnexpectedResponseError(f"{where}: unexpected status {detail}")
 
     def _read_error_body(self, conn: _Conn, head: _Head) -> tuple[str | None, str | None]:
         """Read a small error body (to keep the connection) and pull out S3's Code."""
@@ -551,11 +556,7 @@ def _render_request(endpoint: _Endpoint, target: str, req: RangeRequest) -> byte
 def _parse_head(raw: bytes, body_start: int, filled: int) -> _Head:
     lines = raw.split(b"\r\n")
     status_line = lines[0].split(b" ", 2)
-    if (
-        len(status_line) < 2
-        or not status_line[0].startswith(b"HTTP/1.")
-        or not (status_line[1].isdigit())
-    ):
+    if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1.") or not (status_line[1].isdigit()):
         raise UnexpectedResponseError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:

@@ -1,0 +1,470 @@
+"""RangeClient against real servers: moto for S3 semantics, a scripted socket server for faults.
+
+moto proves the presigned-URL shape works (Range and If-Match as unsigned headers,
+412 on a stale ETag). The scripted server answers each request with a function the
+test chooses, so each fault (short body, reset, stall, wrong Content-Range, 503) is
+exact and the bytes-written count can be asserted to the byte.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import itertools
+import os
+import re
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from botocore.client import BaseClient
+
+from modelsync.adapters.ranged_http import (
+    PresignedUrlExpiredError,
+    RangeClient,
+    RangeRequest,
+    TransientFetchError,
+    UnexpectedResponseError,
+    make_ssl_context,
+)
+from modelsync.errors import (
+    AccessDeniedError,
+    DiskFullError,
+    NotFoundError,
+    ObjectChangedError,
+    RemoteUnavailableError,
+)
+
+pytestmark = pytest.mark.timeout(15)
+
+DATA = bytes(range(256)) * 4096 * 3  # 3 MiB, every byte position recognisable mod 256
+ETAG = '"abc-123"'
+SMALL_BUFFER = 64 * 1024  # forces many buffer flushes per range
+
+
+def _client(**kwargs: object) -> RangeClient:
+    opts: dict[str, object] = {
+        "connect_timeout_s": 2.0,
+        "read_timeout_s": 2.0,
+        "buffer_bytes": SMALL_BUFFER,
+    }
+    opts.update(kwargs)
+    return RangeClient(**opts)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[int]:
+    fd = os.open(tmp_path / "target", os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, len(DATA))
+    yield fd
+    os.close(fd)
+
+
+def _read(fd: int, start: int, length: int) -> bytes:
+    return os.pread(fd, length, start)
+
+
+# ---- moto: the S3 semantics we rely on ---------------------------------------------
+
+
+def _presign(s3_client: BaseClient, bucket: str, key: str) -> str:
+    return str(s3_client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}))
+
+
+def test_presigned_ranges_with_if_match_reassemble_the_object(
+    s3_client: BaseClient, bucket: str, target: int
+) -> None:
+    etag = s3_client.put_object(Bucket=bucket, Key="m/w.bin", Body=DATA)["ETag"]
+    url = _presign(s3_client, bucket, "m/w.bin")
+    cuts = [0, 1, 700_001, 2 * 1024 * 1024, len(DATA)]
+    progress: list[int] = []
+    with _client() as client:
+        for start, end in itertools.pairwise(cuts):
+            req = RangeRequest(url, start, end, etag)
+            assert client.fetch_into(req, target, start, progress.append) == end - start
+    assert _read(target, 0, len(DATA)) == DATA
+    assert sum(progress) == len(DATA)
+
+
+def test_presigned_range_with_stale_etag_is_object_changed(
+    s3_client: BaseClient, bucket: str, target: int
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="w.bin", Body=DATA)
+    url = _presign(s3_client, bucket, "w.bin")
+    with _client() as client, pytest.raises(ObjectChangedError, match="412"):
+        client.fetch_into(RangeRequest(url, 0, 1024, '"0123456789abcdef"'), target, 0)
+
+
+def test_presigned_range_of_missing_key_is_not_found(s3_client: BaseClient, bucket: str, target: int) -> None:
+    url = _presign(s3_client, bucket, "absent.bin")
+    with _client() as client, pytest.raises(NotFoundError, match="NoSuchKey"):
+        client.fetch_into(RangeRequest(url, 0, 1024, None), target, 0)
+
+
+# ---- a scripted server for exact faults --------------------------------------------
+
+Reply = Callable[[socket.socket, bytes], bool]  # returns whether to keep the connection
+
+
+class ScriptedServer:
+    """Loopback HTTP server: request n on any connection gets replies[n]."""
+
+    def __init__(self, replies: list[Reply], tls: ssl.SSLContext | None = None) -> None:
+        self.replies = replies
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.stop = threading.Event()
+        self._tls = tls
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def url(self, scheme: str = "http", host: str = "127.0.0.1") -> str:
+        return f"{scheme}://{host}:{self.port}/bucket/key?X-Amz-Signature=x"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            if self._tls is not None:
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            pending = b""
+            while True:
+                while b"\r\n\r\n" not in pending:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    pending += chunk
+                head, _, pending = pending.partition(b"\r\n\r\n")
+                self.requests.append(head)
+                if not self.replies.pop(0)(conn, head):
+                    return
+        except (OSError, IndexError):
+            return
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self._listener.close()
+
+    def __enter__(self) -> ScriptedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _asked(head: bytes) -> tuple[int, int]:
+    match = re.search(rb"\r\nRange: bytes=(\d+)-(\d+)", head)
+    assert match is not None, head
+    return int(match.group(1)), int(match.group(2)) + 1
+
+
+def _partial_head(start: int, end: int, extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.1 206 Partial Content\r\nContent-Length: {end - start}\r\n"
+        f"Content-Range: bytes {start}-{end - 1}/{len(DATA)}\r\nETag: {ETAG}\r\n{extra}\r\n"
+    ).encode()
+
+
+def serve_range(conn: socket.socket, head: bytes) -> bool:
+    start, end = _asked(head)
+    conn.sendall(_partial_head(start, end) + DATA[start:end])
+    return True
+
+
+def serve_range_then_hang_up(conn: socket.socket, head: bytes) -> bool:
+    """Answer and close without saying so: the client's next request finds a dead socket."""
+    serve_range(conn, head)
+    return False
+
+
+def cut_after(n: int, *, reset: bool = False, server: ScriptedServer | None = None) -> Reply:
+    def reply(conn: socket.socket, head: bytes) -> bool:
+        start, end = _asked(head)
+        conn.sendall(_partial_head(start, end) + DATA[start : start + n])
+        if server is not None:  # stall: hold the connection open and silent
+            server.stop.wait(10)
+        elif reset:
+            time.sleep(0.2)  # let the bytes reach the client before the RST
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return False
+
+    return reply
+
+
+def answer(status_line: str, headers: str = "", body: bytes = b"") -> Reply:
+    def reply(conn: socket.socket, head: bytes) -> bool:
+        conn.sendall(
+            f"HTTP/1.1 {status_line}\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode() + body
+        )
+        return True
+
+    return reply
+
+
+def s3_error(code: str, message: str) -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>{message}</Message><RequestId>1</RequestId></Error>"
+    ).encode()
+
+
+# ---- success paths -------------------------------------------------------------------
+
+
+def test_ranges_reuse_one_keep_alive_connection(target: int) -> None:
+    with ScriptedServer([serve_range] * 3) as server, _client() as client:
+        for start, end in [(0, 1000), (1000, 1_500_000), (1_500_000, len(DATA))]:
+            client.fetch_into(RangeRequest(server.url(), start, end, ETAG), target, start)
+        assert server.connections == 1
+        assert b"\r\nIf-Match: " + ETAG.encode() in server.requests[0]
+        assert server.requests[0].startswith(b"GET /bucket/key?X-Amz-Signature=x HTTP/1.1\r\n")
+    assert _read(target, 0, len(DATA)) == DATA
+
+
+def test_a_keep_alive_connection_closed_by_the_server_is_replaced_silently(target: int) -> None:
+    with ScriptedServer([serve_range_then_hang_up, serve_range]) as server, _client() as client:
+        client.fetch_into(RangeRequest(server.url(), 0, 10, None), target, 0)
+        client.fetch_into(RangeRequest(server.url(), 10, 20, None), target, 10)
+        assert server.connections == 2
+    assert _read(target, 0, 20) == DATA[:20]
+
+
+def test_plain_200_is_accepted_only_when_the_range_is_the_whole_body(target: int) -> None:
+    whole = answer("200 OK", body=DATA[:5000])
+    with ScriptedServer([whole, whole]) as server, _client() as client:
+        assert client.fetch_into(RangeRequest(server.url(), 0, 5000, None), target, 0) == 5000
+        with pytest.raises(UnexpectedResponseError, match="whole object"):
+            client.fetch_into(RangeRequest(server.url(), 100, 5000, None), target, 100)
+
+
+def test_without_wait_all_the_body_still_arrives_whole(target: int) -> None:
+    with ScriptedServer([serve_range]) as server, _client(wait_all=False) as client:
+        client.fetch_into(RangeRequest(server.url(), 5, len(DATA), None), target, 5)
+    assert _read(target, 5, len(DATA)) == DATA[5:]
+
+
+# ---- faults --------------------------------------------------------------------------
+
+
+def test_short_body_is_transient_and_keeps_the_bytes_received(target: int) -> None:
+    with (
+        ScriptedServer([cut_after(300_000)]) as server,
+        _client() as client,
+        pytest.raises(TransientFetchError) as info,
+    ):
+        client.fetch_into(RangeRequest(server.url(), 1000, 2_000_000, None), target, 1000)
+    assert info.value.reason == "truncated"
+    assert info.value.bytes_written == 300_000
+    assert _read(target, 1000, 300_000) == DATA[1000:301_000]
+
+
+def test_reset_mid_body_is_transient_and_keeps_the_bytes_received(target: int) -> None:
+    with (
+        ScriptedServer([cut_after(200_000, reset=True)]) as server,
+        _client() as client,
+        pytest.raises(TransientFetchError) as info,
+    ):
+        client.fetch_into(RangeRequest(server.url(), 0, len(DATA), None), target, 0)
+    assert info.value.reason == "reset"
+    assert info.value.bytes_written == 200_000
+    assert _read(target, 0, 200_000) == DATA[:200_000]
+
+
+@pytest.mark.parametrize("wait_all", [True, False])
+def test_stall_mid_body_times_out_after_the_read_timeout(target: int, wait_all: bool) -> None:
+    replies: list[Reply] = []
+    with ScriptedServer(replies) as server:
+        replies.append(cut_after(100_000, server=server))
+        with (
+            _client(read_timeout_s=0.3, wait_all=wait_all) as client,
+            pytest.raises(TransientFetchError) as info,
+        ):
+            client.fetch_into(RangeRequest(server.url(), 0, len(DATA), None), target, 0)
+    assert info.value.reason == "timeout"
+    assert info.value.bytes_written == 100_000
+
+
+def test_wrong_content_range_is_refused_before_any_write(target: int) -> None:
+    def shifted(conn: socket.socket, head: bytes) -> bool:
+        start, end = _asked(head)
+        conn.sendall(_partial_head(start + 1, end + 1) + DATA[start + 1 : end + 1])
+        return True
+
+    with (
+        ScriptedServer([shifted]) as server,
+        _client() as client,
+        pytest.raises(UnexpectedResponseError, match="Content-Range"),
+    ):
+        client.fetch_into(RangeRequest(server.url(), 0, 4096, None), target, 0)
+    assert _read(target, 0, 4096) == bytes(4096)
+
+
+def test_slow_down_is_transient_with_its_code_and_keeps_the_connection(target: int) -> None:
+    slow = answer("503 Slow Down", "Retry-After: 2\r\n", s3_error("SlowDown", "Reduce"))
+    with (
+        ScriptedServer([slow, serve_range]) as server,
+        _client() as client,
+        pytest.raises(TransientFetchError) as info,
+    ):
+        client.fetch_into(RangeRequest(server.url(), 0, 100, None), target, 0)
+        client.fetch_into(RangeRequest(server.url(), 0, 100, None), target, 0)
+        assert server.connections == 1
+    assert (info.value.status, info.value.reason) == (503, "SlowDown")
+    assert (info.value.bytes_written, info.value.retry_after_s) == (0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        ("403 Forbidden", s3_error("AccessDenied", "Access Denied"), AccessDeniedError),
+        (
+            "403 Forbidden",
+            s3_error("AccessDenied", "Request has expired"),
+            PresignedUrlExpiredError,
+        ),
+        ("404 Not Found", s3_error("NoSuchKey", "gone"), NotFoundError),
+        ("412 Precondition Failed", s3_error("PreconditionFailed", "etag"), ObjectChangedError),
+        ("400 Bad Request", s3_error("InvalidArgument", "no"), UnexpectedResponseError),
+    ],
+)
+def test_permanent_statuses_map_to_the_error_tree(
+    target: int, status: str, body: bytes, error: type[Exception]
+) -> None:
+    with ScriptedServer([answer(status, body=body)]) as server, _client() as client, pytest.raises(error):
+        client.fetch_into(RangeRequest(server.url(), 0, 100, None), target, 0)
+
+
+def test_connection_refused_is_transient(target: int) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound but not listening: connect is refused
+        with _client() as client, pytest.raises(TransientFetchError) as info:
+            client.fetch_into(RangeRequest(f"http://127.0.0.1:{port}/b/k", 0, 1, None), target, 0)
+    assert (info.value.reason, info.value.bytes_written) == ("connect", 0)
+
+
+def test_a_full_disk_is_disk_full_not_transient() -> None:
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        with (
+            ScriptedServer([serve_range]) as server,
+            _client() as client,
+            pytest.raises(DiskFullError),
+        ):
+            client.fetch_into(RangeRequest(server.url(), 0, 1000, None), fd, 0)
+    finally:
+        os.close(fd)
+
+
+# ---- TLS -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost, made with `cryptography`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "modelsync test")])
+    now = datetime.datetime.now(datetime.UTC)
+
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def _server_tls(tls_files: tuple[Path, Path]) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*tls_files)
+    return ctx
+
+
+def test_tls_with_the_ca_bundle_fetches_the_range(tls_files: tuple[Path, Path], target: int) -> None:
+    ctx = make_ssl_context(ca_bundle=str(tls_files[0]))
+    with (
+        ScriptedServer([serve_range, serve_range], tls=_server_tls(tls_files)) as server,
+        _client(ssl_context=ctx) as client,
+    ):
+        client.fetch_into(RangeRequest(server.url("https", "localhost"), 0, 700_000, None), target, 0)
+        client.fetch_into(RangeRequest(server.url("https"), 700_000, len(DATA), None), target, 700_000)
+    assert _read(target, 0, len(DATA)) == DATA
+
+
+def test_tls_with_an_untrusted_certificate_is_a_clear_permanent_error(
+    tls_files: tuple[Path, Path], target: int
+) -> None:
+    ctx = make_ssl_context(ca_bundle=None)
+    with (
+        ScriptedServer([serve_range], tls=_server_tls(tls_files)) as server,
+        _client(ssl_context=ctx) as client,
+        pytest.raises(RemoteUnavailableError, match="not trusted"),
+    ):
+        client.fetch_into(RangeRequest(server.url("https"), 0, 10, None), target, 0)
+
+
+def test_tls_insecure_mode_skips_verification(tls_files: tuple[Path, Path], target: int) -> None:
+    ctx = make_ssl_context(insecure=True)
+    with (
+        ScriptedServer([serve_range], tls=_server_tls(tls_files)) as server,
+        _client(ssl_context=ctx) as client,
+    ):
+        client.fetch_into(RangeRequest(server.url("https"), 0, 4096, None), target, 0)
+    assert _read(target, 0, 4096) == DATA[:4096]
+
+
+def test_tls_stall_times_out(tls_files: tuple[Path, Path], target: int) -> None:
+    replies: list[Reply] = []
+    ctx = make_ssl_context(ca_bundle=str(tls_files[0]))
+    with ScriptedServer(replies, tls=_server_tls(tls_files)) as server:
+        replies.append(cut_after(50_000, server=server))
+        with (
+            _client(ssl_context=ctx, read_timeout_s=0.3) as client,
+            pytest.raises(TransientFetchError) as info,
+        ):
+            client.fetch_into(RangeRequest(server.url("https"), 0, len(DATA), None), target, 0)
+    assert info.value.reason == "timeout"
+    assert info.value.bytes_written == 50_000

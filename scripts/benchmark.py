@@ -494,7 +494,7 @@ def table_lines(rows: list[Summary], ds: DataSet, dest: str, rounds: int, md: bo
         lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
                  "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in body]
-        return [*lines, *(f"- error: {e.strip()}" for e in errors), ""]
+        return [*lines, "", *(f"- error: {e.strip()}" for e in errors), *([""] if errors else [])]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
 
     def fmt(row: list[str]) -> str:
@@ -742,10 +742,10 @@ def run_rounds(contenders: list[Contender], prep: Prepared, dest_kind: str, base
             run = Run(ds.name, dest_kind, c.name, rnd + 1, m.wall_s, m.flush_s,
                       m.user_s + m.sys_s, m.maxrss_mib, rnd == 0 and inv.files_root is not None,
                       error)
-            speed = (f"{ds.count / m.wall_s:8.0f} files/s" if ds.name == "small-files"
-                     else f"{ds.total_bytes / GiB / m.wall_s:6.2f} GiB/s")
+            speed = ("" if error else f"{ds.count / m.wall_s:.0f} files/s"
+                     if ds.name == "small-files" else f"{ds.total_bytes / GiB / m.wall_s:.2f} GiB/s")
             print(f"  {ds.name} {dest_kind} round {rnd + 1}/{args.rounds} {c.name:9s} "
-                  f"{m.wall_s:7.2f} s {speed}  cpu {run.cpu_s:6.2f} s  rss "
+                  f"{m.wall_s:7.2f} s {speed:>13}  cpu {run.cpu_s:6.2f} s  rss "
                   f"{m.maxrss_mib:5.0f} MiB  {error or ('ok, hashed' if run.hashed else 'ok')}",
                   flush=True)
             yield run

@@ -7,18 +7,32 @@ Commands that need no S3 (a warm pull, ls) never import the S3 stack.
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
+import time
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated
 
 import typer
 
-from modelsync.config import Settings, config_file_from, environment, load_settings
+from modelsync import cli_cache, cli_schedule
+from modelsync.adapters.cache import Cache
+from modelsync.cli_common import (
+    CacheDir,
+    Concurrency,
+    ConfigFile,
+    EndpointUrl,
+    Insecure,
+    MaxBandwidth,
+    PartSize,
+    Quiet,
+    Region,
+    build_settings,
+    user_errors,
+)
+from modelsync.config import Settings
 from modelsync.core.refs import ModelRef, parse_source
-from modelsync.core.units import parse_size
-from modelsync.errors import ExitCode, ModelsyncError, UsageError
+from modelsync.core.units import parse_duration
+from modelsync.errors import ExitCode, UsageError
 
 app = typer.Typer(
     name="modelsync",
@@ -27,84 +41,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def user_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Print a ModelsyncError as one line and exit with its code; let bugs show a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except ModelsyncError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(int(exc.exit_code)) from None
-        except KeyboardInterrupt:
-            typer.echo("error: interrupted; run the command again to resume", err=True)
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def _size(text: str | None) -> int | None:
-    return None if text is None else parse_size(text)
-
-
-CacheDir = Annotated[
-    Path | None,
-    typer.Option("--cache-dir", help="Cache root [env MODELSYNC_CACHE_DIR; default /model-cache]."),
-]
-EndpointUrl = Annotated[
-    str | None, typer.Option("--endpoint-url", help="S3 endpoint [env AWS_ENDPOINT_URL].")
-]
-Region = Annotated[
-    str | None, typer.Option("--region", help="S3 region [env AWS_REGION; default us-east-1].")
-]
-ConfigFile = Annotated[
-    Path | None, typer.Option("--config", help="TOML settings file [env MODELSYNC_CONFIG].")
-]
-Concurrency = Annotated[
-    int | None, typer.Option("--concurrency", min=1, help="Ranged GETs in flight [default 16].")
-]
-PartSize = Annotated[
-    str | None, typer.Option("--part-size", help="Bytes per ranged GET, e.g. 16Mi [default 16Mi].")
-]
-MaxBandwidth = Annotated[
-    str | None,
-    typer.Option("--max-bandwidth", help="Download cap in bytes/s, e.g. 500Mi; 0 = none."),
-]
-Insecure = Annotated[bool, typer.Option("--insecure", help="Skip TLS certificate checks (warns).")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
-
-
-def build_settings(
-    cache_dir: Path | None = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    config: Path | None = None,
-    concurrency: int | None = None,
-    part_size: str | None = None,
-    max_bandwidth: str | None = None,
-    insecure: bool = False,
-) -> Settings:
-    """Flags > environment > config file > defaults, read once here."""
-    env = environment()
-    flags: dict[str, object | None] = {
-        "cache_dir": cache_dir.expanduser().absolute() if cache_dir else None,
-        "endpoint_url": endpoint_url,
-        "region": region,
-        "concurrency": concurrency,
-        "part_size_bytes": _size(part_size),
-        "max_bandwidth_bytes_per_s": _size(max_bandwidth),
-        "insecure": True if insecure else None,
-    }
-    settings = load_settings(flags, env, config_file_from(config, env))
-    if settings.insecure:
-        typer.echo("warning: TLS certificate verification is off (--insecure)", err=True)
-    return settings
 
 
 @app.command()
@@ -122,10 +58,15 @@ def pull(
     verify: Annotated[
         bool, typer.Option("--verify", help="Re-hash a cached model against its record.")
     ] = False,
+    lease: Annotated[
+        str | None,
+        typer.Option("--lease", help="Hold the model in use this long (e.g. 8h): making room skips it."),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Make a model ready in the cache and print its path (last line of stdout)."""
     ref = parse_source(source)
+    lease_s = parse_duration(lease) if lease is not None else None
     settings = build_settings(
         cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
     )
@@ -136,12 +77,15 @@ def pull(
         path = _verify_warm(settings, ref)
     if path is None:
         path = _cold_pull(settings, ref, quiet)
+    cache = Cache(settings.cache_dir)
+    cache.touch(ref)
+    if lease_s is not None:
+        cache.lease(ref, time.time() + lease_s)
     typer.echo(str(path))
 
 
 def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
     """Re-hash a ready model; a damaged one is unpublished so the pull fetches it again."""
-    from modelsync.adapters.cache import Cache
     from modelsync.engine.ready import full_check
 
     cache = Cache(settings.cache_dir)
@@ -158,12 +102,15 @@ def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
 
 
 def _cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
+    from modelsync.adapters.foreground import announce
     from modelsync.engine.pull import pull as run_pull
     from modelsync.progress import StderrProgress
 
     progress = StderrProgress(ref.model_id, quiet=quiet)
     try:
-        result = run_pull(settings, ref, progress)
+        # announced, so a running daemon pauses its background prefetch for us
+        with announce(settings.cache_dir, ref):
+            result = run_pull(settings, ref, progress)
     finally:
         progress.close()
     return result.path
@@ -202,6 +149,17 @@ def demo(
     from modelsync.demo import run_demo
 
     run_demo(keep=keep)
+
+
+app.command("ls")(user_errors(cli_cache.ls))
+app.command("evict")(user_errors(cli_cache.evict_command))
+app.command("pin")(user_errors(cli_cache.pin))
+app.command("unpin")(user_errors(cli_cache.unpin))
+app.command("verify")(user_errors(cli_cache.verify))
+app.command("gc")(user_errors(cli_cache.gc))
+app.command("plan")(user_errors(cli_schedule.plan))
+app.command("daemon")(user_errors(cli_schedule.daemon))
+app.command("prefetch")(user_errors(cli_schedule.prefetch))
 
 
 def main() -> None:

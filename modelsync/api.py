@@ -1,0 +1,127 @@
+"""The daemon's local API: one JSON line each way over a Unix socket in the cache's state folder.
+
+A Unix socket, not the HTTP listener: only processes that share the cache
+(the node's init containers and operators) can reach it, and its mode (0660,
+the cache's group) says which. The HTTP listener serves metrics and probes
+only. The socket lives at `<cache>/.modelsync/daemon.sock`.
+
+One request per connection:
+
+    -> {"op": "prefetch", "models": ["s3://b/p/", "b/q"], "wait": true}
+    <- {"ok": true, "models": [{"model": "b/p", "path": "/model-cache/b/p"},
+                               {"model": "b/q", "error": "...", "code": "not_found", "exit_code": 3}]}
+       with "wait": false, a model not ready yet is {"model": "b/q", "queued": true}
+    -> {"op": "status"}
+    <- {"ok": true, "pool": "...", "ready": true, "paused": false, "current": "b/p", "plan": {...}}
+
+A request the daemon cannot serve gets {"ok": false, "error": "...", "code": "...", "exit_code": 2}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from modelsync.adapters.cache import STATE_DIR
+from modelsync.errors import ExitCode, ModelsyncError, UsageError
+
+SOCKET_NAME = "daemon.sock"
+SOCKET_MODE = 0o660
+#: a request names a handful of models; anything longer is not one
+MAX_LINE_BYTES = 1024 * 1024
+
+Message = dict[str, Any]
+Handler = Callable[[Message], Awaitable[Message]]
+
+
+def socket_path(cache_root: Path) -> Path:
+    return cache_root / STATE_DIR / SOCKET_NAME
+
+
+def error_reply(exc: ModelsyncError) -> Message:
+    return {"error": str(exc), "code": exc.code, "exit_code": int(exc.exit_code)}
+
+
+def error_from_reply(reply: Message) -> ModelsyncError:
+    """The daemon's error as the CLI raises it: same message, code and exit code."""
+    exc = ModelsyncError(str(reply.get("error", "the daemon refused the request")))
+    exc.code = str(reply.get("code", "internal"))
+    try:
+        exc.exit_code = ExitCode(int(reply.get("exit_code", ExitCode.INTERNAL)))
+    except ValueError:
+        exc.exit_code = ExitCode.INTERNAL
+    return exc
+
+
+async def serve(path: Path, handler: Handler) -> asyncio.Server:
+    """Listen on `path`, replacing a socket left by a dead daemon but never a live one."""
+    if path.exists() or path.is_symlink():
+        if _answers(path):
+            raise UsageError(f"a daemon already serves {path}; stop it first")
+        path.unlink()
+    try:
+        server = await asyncio.start_unix_server(
+            lambda r, w: _connection(handler, r, w), path=str(path), limit=MAX_LINE_BYTES
+        )
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    os.chmod(path, SOCKET_MODE)
+    return server
+
+
+async def _connection(handler: Handler, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        try:
+            request = json.loads(await reader.readline())
+            if not isinstance(request, dict):
+                raise UsageError("a request is one JSON object on one line")
+            reply = {"ok": True, **(await handler(request))}
+        except (ValueError, asyncio.LimitOverrunError):
+            reply = {"ok": False, **error_reply(UsageError("a request is one JSON object on one line"))}
+        except ModelsyncError as exc:
+            reply = {"ok": False, **error_reply(exc)}
+        writer.write(json.dumps(reply).encode() + b"\n")
+        await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass  # the client went away; whatever it asked for goes on
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+def call(path: Path, request: Message, timeout_s: float | None = None) -> Message | None:
+    """Send one request and wait for its reply; None when no daemon listens on `path`.
+
+    Raises ConnectionError when the daemon hangs up before answering (it was
+    stopped), so the caller can fall back to working alone.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+        except OSError:  # no socket, nobody listening, or a path too long to be ours
+            return None
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        with sock.makefile("rb") as stream:
+            line = stream.readline(MAX_LINE_BYTES)
+    if not line:
+        raise ConnectionError("the daemon closed the connection without answering")
+    reply: Message = json.loads(line)
+    return reply
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True

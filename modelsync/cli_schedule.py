@@ -1,0 +1,234 @@
+"""Schedule commands: `plan` (the daemon's decisions as a dry run), `daemon`, and `prefetch`.
+
+`plan` and `daemon` read the schedule through the same loader and decide with
+the same pure planner (core/plan.py), so the dry run shows what the daemon
+does. `prefetch` asks a running daemon over its Unix socket and, when none
+runs, pulls the models itself like `modelsync pull`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from modelsync.cli_common import (
+    CacheDir,
+    Concurrency,
+    ConfigFile,
+    EndpointUrl,
+    Insecure,
+    MaxBandwidth,
+    PartSize,
+    Quiet,
+    Region,
+    build_settings,
+)
+from modelsync.config import environment
+from modelsync.core.refs import ModelRef
+from modelsync.errors import UsageError
+
+ScheduleFile = Annotated[
+    Path, typer.Option("--schedule", help="The model schedule (YAML; see docs/schedule.md).")
+]
+Pool = Annotated[
+    str | None,
+    typer.Option("--pool", help="The node's pool (its accelerator.pool label) [env MODELSYNC_POOL]."),
+]
+
+
+def _pool(flag: str | None) -> str:
+    pool = flag or environment().get("MODELSYNC_POOL", "")
+    if not pool:
+        raise UsageError(
+            "no pool given; pass --pool or set MODELSYNC_POOL to the node's accelerator.pool label"
+        )
+    return pool
+
+
+def _rate(text: str | None) -> str | None:
+    """Rates are sizes per second: accept `500Mi/s` as well as `500Mi`."""
+    return None if text is None else text.strip().removesuffix("/s")
+
+
+def plan(
+    schedule: ScheduleFile,
+    pool: Pool = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="ISO 8601 instant [default now]; without an offset it is in the schedule's time zone.",
+        ),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    bandwidth: Annotated[
+        str | None,
+        typer.Option("--bandwidth", help="Assumed download rate, e.g. 500Mi/s [default --max-bandwidth]."),
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", help="Budget to plan with, e.g. 6T [default MODELSYNC_CACHE_MAX_BYTES]."),
+    ] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Do not ask S3 for the sizes of models not cached.")
+    ] = False,
+    cache_dir: CacheDir = None,
+    endpoint_url: EndpointUrl = None,
+    region: Region = None,
+    config: ConfigFile = None,
+    max_bandwidth: MaxBandwidth = None,
+    insecure: Insecure = False,
+) -> None:
+    """Show what the daemon would fetch, keep and evict on a pool at an instant (a dry run)."""
+    import json
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from modelsync.adapters.cache import Cache
+    from modelsync.adapters.schedule_file import read_schedule
+    from modelsync.core.plan import parse_instant, plan_json, plan_node, render_plan
+    from modelsync.core.units import parse_size
+    from modelsync.engine.evict import budget_bytes
+    from modelsync.engine.inventory import ready_models, remote_sizes
+
+    loaded = read_schedule(schedule)
+    pool_name = _pool(pool)
+    if not loaded.for_pool(pool_name):
+        known = sorted({p for m in loaded.models for p in m.pools})
+        raise UsageError(
+            f"{schedule}:1: pools: unknown pool {pool_name!r}; the schedule names "
+            f"{', '.join(known) if known else 'no pools'}"
+        )
+    now = parse_instant(at, loaded.timezone) if at else datetime.now(ZoneInfo(loaded.timezone))
+    settings = build_settings(
+        cache_dir, endpoint_url, region, config, None, None, _rate(max_bandwidth), insecure
+    )
+    cached = ready_models(Cache(settings.cache_dir))
+    missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in cached]
+    sizes = {} if offline else remote_sizes(settings, missing)
+    rate = parse_size(_rate(bandwidth) or "0") or settings.max_bandwidth_bytes_per_s
+    limit = parse_size(budget) if budget else budget_bytes(settings)
+    node_plan = plan_node(
+        loaded, pool_name, now, cached, limit, float(rate) or None, sizes, settings.in_use_grace_s
+    )
+    if json_output:
+        typer.echo(json.dumps(plan_json(node_plan), indent=2))
+    else:
+        typer.echo("\n".join(render_plan(node_plan)))
+
+
+def daemon(
+    schedule: ScheduleFile,
+    pool: Pool = None,
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for /metrics, /healthz and /readyz.")
+    ] = "127.0.0.1:9477",
+    tick: Annotated[str, typer.Option("--tick", help="Time between reconciles, e.g. 30s.")] = "30s",
+    jitter: Annotated[
+        str,
+        typer.Option("--jitter", help="Largest per-node delay before a scheduled prefetch starts; 0 = none."),
+    ] = "30s",
+    refresh: Annotated[
+        str,
+        typer.Option("--refresh", help="How often to check staged models for a changed source; 0 = never."),
+    ] = "15m",
+    json_logs: Annotated[bool, typer.Option("--json-logs", help="Log one JSON object per line.")] = False,
+    cache_dir: CacheDir = None,
+    endpoint_url: EndpointUrl = None,
+    region: Region = None,
+    config: ConfigFile = None,
+    concurrency: Concurrency = None,
+    part_size: PartSize = None,
+    max_bandwidth: MaxBandwidth = None,
+    insecure: Insecure = False,
+) -> None:
+    """Keep the node's cache in step with the schedule: prefetch before windows open, serve metrics."""
+    import socket
+
+    from modelsync.core.units import parse_duration
+    from modelsync.daemon import DaemonOptions, parse_listen, run_daemon
+    from modelsync.engine.reconcile import LoopConfig
+
+    tick_s = parse_duration(tick)
+    if tick_s <= 0:
+        raise UsageError(f"invalid --tick {tick!r}; it must be longer than 0s")
+    host, port = parse_listen(listen)
+    settings = build_settings(
+        cache_dir, endpoint_url, region, config, concurrency, part_size, _rate(max_bandwidth), insecure
+    )
+    loop = LoopConfig(
+        pool=_pool(pool),
+        node=environment().get("MODELSYNC_NODE_NAME") or socket.gethostname(),
+        tick_s=tick_s,
+        jitter_max_s=parse_duration(jitter),
+        refresh_s=parse_duration(refresh),
+    )
+    run_daemon(settings, DaemonOptions(schedule, loop, host, port, json_logs))
+
+
+def prefetch(
+    models: Annotated[
+        list[str],
+        typer.Argument(help="s3://bucket/prefix/, bucket/prefix, or a model name of --schedule."),
+    ],
+    schedule: Annotated[
+        Path | None, typer.Option("--schedule", help="Resolve model names in this schedule.")
+    ] = None,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", help="Return once the daemon has queued them.")
+    ] = False,
+    cache_dir: CacheDir = None,
+    endpoint_url: EndpointUrl = None,
+    region: Region = None,
+    config: ConfigFile = None,
+    concurrency: Concurrency = None,
+    max_bandwidth: MaxBandwidth = None,
+    insecure: Insecure = False,
+    quiet: Quiet = False,
+) -> None:
+    """Ask the running daemon to stage models now and print their paths; without one, pull them here."""
+    from modelsync import api
+    from modelsync.cli import _cold_pull  # the same standalone pull as `modelsync pull`
+    from modelsync.engine.ready import warm_path
+
+    refs = _resolve_models(models, schedule)
+    settings = build_settings(
+        cache_dir, endpoint_url, region, config, concurrency, None, _rate(max_bandwidth), insecure
+    )
+    request = {"op": "prefetch", "models": [r.uri for r in refs], "wait": not no_wait}
+    try:
+        reply = api.call(api.socket_path(settings.cache_dir), request)
+    except ConnectionError:
+        typer.echo("warning: the daemon stopped before answering; pulling here", err=True)
+        reply = None
+    if reply is None:
+        for ref in refs:
+            typer.echo(str(warm_path(settings.cache_dir, ref) or _cold_pull(settings, ref, quiet)))
+        return
+    if not reply.get("ok"):
+        raise api.error_from_reply(reply)
+    failed = None
+    for entry in reply["models"]:
+        if "path" in entry:
+            typer.echo(entry["path"])
+        elif entry.get("queued"):
+            typer.echo(f"{entry['model']}: queued by the daemon", err=True)
+        else:
+            typer.echo(f"error: {entry['model']}: {entry['error']}", err=True)
+            failed = failed or entry
+    if failed is not None:
+        raise typer.Exit(int(api.error_from_reply(failed).exit_code))
+
+
+def _resolve_models(models: list[str], schedule: Path | None) -> list[ModelRef]:
+    """Each MODEL is a schedule name (with --schedule), an s3:// URI or `bucket/prefix`."""
+    from modelsync.core.refs import parse_model_name
+
+    names: dict[str, ModelRef] = {}
+    if schedule is not None:
+        from modelsync.adapters.schedule_file import read_schedule
+
+        names = {m.name: m.source for m in read_schedule(schedule).models if m.name is not None}
+    return [names[m] if m in names else parse_model_name(m) for m in models]

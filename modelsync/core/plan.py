@@ -1,0 +1,433 @@
+"""What the daemon would do on one node at one instant, as a frozen plan.
+
+`modelsync plan` prints it and the daemon acts on it, so the dry run and the
+real run cannot disagree. The plan is a pure function of the schedule, the
+node's pool, `now`, what the cache holds, its budget and a bandwidth:
+
+    fetch   wanted now (window open or inside its lead time) and not cached
+    keep    cached, and not chosen for eviction
+    evict   cached, unprotected, and chosen (LRU) to make room for the fetches
+    later   not cached; its prefetch starts at `prefetch_at`
+    skip    not cached and not wanted again (kept-after-window or expired)
+
+Eviction happens only to make room, exactly as the pull engine's space
+reservation does it: least recently used first, never a model the schedule
+protects (active, inside its lead time, or within its keep time), never a
+pinned one. A cache that cannot hold the protected set plus the fetches does
+not fit: the plan says so instead of evicting what will be needed again soon.
+
+Expected ready times assume the daemon's behaviour: one model at a time, in
+fetch order, at `bandwidth_bytes_per_s`. A model of unknown size gets no
+estimate and does not delay the ones after it, so those are lower bounds.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+
+from modelsync.core.desired import DesiredModel, ModelState, desired_models
+from modelsync.core.eviction import Blob, CacheEntry, EvictionPlan, plan_eviction
+from modelsync.core.schedule import Schedule
+from modelsync.core.units import format_bytes, format_duration
+from modelsync.core.windows import load_zone
+from modelsync.errors import UsageError
+
+__all__ = [
+    "UNSCHEDULED",
+    "Action",
+    "CachedModel",
+    "NodePlan",
+    "PlannedModel",
+    "parse_instant",
+    "plan_json",
+    "plan_node",
+    "protection_reasons",
+    "render_plan",
+    "start_jitter_s",
+]
+
+#: the state of a cached model that the schedule does not name for this pool
+UNSCHEDULED = "unscheduled"
+_NO_SIZES: Mapping[str, int] = MappingProxyType({})
+_WANTED_NOW = frozenset({ModelState.ACTIVE, ModelState.PREFETCH})
+
+
+class Action(enum.StrEnum):
+    FETCH = "fetch"
+    KEEP = "keep"
+    EVICT = "evict"
+    LATER = "later"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class CachedModel:
+    """What the plan needs to know of one ready model in the cache."""
+
+    size_bytes: int
+    #: epoch seconds of the last pull or use (LRU order)
+    last_used: float
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedModel:
+    model_id: str
+    #: the schedule's short name, else the model id
+    label: str
+    #: a `ModelState` value, or `UNSCHEDULED`
+    state: str
+    action: Action
+    #: None when neither the cache nor the caller knows it
+    size_bytes: int | None
+    #: the open or next window; None for `always` or when none opens again
+    window_start: datetime | None
+    #: when staging starts (window start - lead); None when it already may
+    prefetch_at: datetime | None
+    #: expected ready time for a model still to fetch; None when cached or unknown
+    ready_at: datetime | None
+    #: why eviction must leave it alone, or None
+    protected: str | None
+    #: True when it has an `always` window (open at every instant)
+    always: bool = False
+
+    @property
+    def margin_s(self) -> float | None:
+        """Seconds between expected readiness and the window's start; negative when late."""
+        if self.ready_at is None or self.window_start is None:
+            return None
+        return (self.window_start - self.ready_at).total_seconds()
+
+    @property
+    def late(self) -> bool:
+        """Will not be ready when its window opens (or, for an open window, is missing now)."""
+        if self.action is not Action.FETCH and self.action is not Action.LATER:
+            return False
+        margin = self.margin_s
+        return (margin is not None and margin < 0) or self.always or self.state == ModelState.ACTIVE
+
+    def note(self, now: datetime) -> str:
+        """The one phrase a table shows about timing: "ready 4m after the window opens"."""
+        if self.action is not Action.FETCH and self.action is not Action.LATER:
+            return ""
+        if self.ready_at is None:
+            return "size unknown" if self.size_bytes is None else "no bandwidth estimate"
+        margin = self.margin_s
+        if margin is None:
+            return f"window already open; ready in {format_duration((self.ready_at - now).total_seconds())}"
+        side = "before" if margin >= 0 else "after"
+        return f"ready {format_duration(abs(margin))} {side} the window opens"
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    pool: str
+    at: datetime
+    #: every model of the pool plus every cached model, fetches first in fetch order
+    models: tuple[PlannedModel, ...]
+    budget_bytes: int | None
+    used_bytes: int
+    bandwidth_bytes_per_s: float | None
+    eviction: EvictionPlan
+
+    @property
+    def fetch(self) -> tuple[PlannedModel, ...]:
+        return self._with(Action.FETCH)
+
+    @property
+    def keep(self) -> tuple[PlannedModel, ...]:
+        return self._with(Action.KEEP)
+
+    @property
+    def evict(self) -> tuple[PlannedModel, ...]:
+        return self._with(Action.EVICT)
+
+    @property
+    def fetch_bytes(self) -> int:
+        """Known bytes still to fetch now (models of unknown size count 0)."""
+        return sum(m.size_bytes or 0 for m in self.fetch)
+
+    @property
+    def unknown_sizes(self) -> tuple[str, ...]:
+        return tuple(m.model_id for m in self.models if m.size_bytes is None and m.action is Action.FETCH)
+
+    @property
+    def fits(self) -> bool:
+        """The fetches fit the budget once the planned evictions are done (always, without a budget)."""
+        return self.eviction.satisfied
+
+    def _with(self, action: Action) -> tuple[PlannedModel, ...]:
+        return tuple(m for m in self.models if m.action is action)
+
+
+def plan_node(
+    schedule: Schedule,
+    pool: str,
+    now: datetime,
+    cached: Mapping[str, CachedModel],
+    budget_bytes: int | None,
+    bandwidth_bytes_per_s: float | None,
+    remote_sizes: Mapping[str, int] = _NO_SIZES,
+    grace_s: float = 0.0,
+) -> NodePlan:
+    """Decide fetch / keep / evict for `pool` at `now` (see the module docstring).
+
+    `cached` maps model ids (`bucket/prefix`) of ready models to their size and
+    recency; `remote_sizes` gives the sizes of models not cached, when the
+    caller could learn them. `grace_s` spares models used that recently, as the
+    engine does.
+    """
+    desired = desired_models(schedule, pool, now)
+    reasons = protection_reasons(desired)
+    fetching = [
+        d for d in desired if d.state in _WANTED_NOW and d.model.source.model_id not in cached
+    ]
+    incoming = sum(remote_sizes.get(d.model.source.model_id, 0) for d in fetching)
+    used = sum(c.size_bytes for c in cached.values())
+    needed = 0 if budget_bytes is None else max(0, used + incoming - budget_bytes)
+    eviction = plan_eviction(_entries(cached), needed, now.timestamp(), grace_s, reasons)
+    victims = frozenset(eviction.victims)
+    ready_at = _expected_ready(desired, cached, remote_sizes, now, bandwidth_bytes_per_s)
+    planned = [
+        _planned(d, cached, remote_sizes, victims, reasons, ready_at.get(d.model.source.model_id))
+        for d in desired
+    ]
+    scheduled = {d.model.source.model_id for d in desired}
+    planned += [
+        PlannedModel(
+            model_id=model_id,
+            label=model_id,
+            state=UNSCHEDULED,
+            action=Action.EVICT if model_id in victims else Action.KEEP,
+            size_bytes=entry.size_bytes,
+            window_start=None,
+            prefetch_at=None,
+            ready_at=None,
+            protected="pinned" if entry.pinned else None,
+        )
+        for model_id, entry in sorted(cached.items())
+        if model_id not in scheduled
+    ]
+    order = list(Action)
+    planned.sort(key=lambda m: order.index(m.action))  # stable: fetch order within each action
+    return NodePlan(
+        pool=pool,
+        at=now,
+        models=tuple(planned),
+        budget_bytes=budget_bytes,
+        used_bytes=used,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        eviction=eviction,
+    )
+
+
+def protection_reasons(desired: Iterable[DesiredModel]) -> dict[str, str]:
+    """model id -> why eviction must leave it alone, for the models the schedule protects.
+
+    This is the `protected` mapping both the plan and the pull engine's space
+    reservation honour, so a model inside its lead time is never evicted.
+    """
+    return {
+        d.model.source.model_id: f"the schedule needs it ({d.state.value} on {d.model.label})"
+        for d in desired
+        if d.protected
+    }
+
+
+def start_jitter_s(node: str, model_id: str, jitter_max_s: float) -> float:
+    """A per-node, per-model delay in [0, jitter_max_s): a pool's nodes spread their starts.
+
+    Deterministic, so a restarted daemon waits the same time and every node's
+    delay can be predicted from its name; differs per model so one node does
+    not always go first.
+    """
+    if jitter_max_s <= 0:
+        return 0.0
+    digest = hashlib.sha256(f"{node}\0{model_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 * jitter_max_s
+
+
+def parse_instant(text: str, default_zone: str) -> datetime:
+    """ISO 8601 (`2026-05-04T07:30`, `...Z`, `...+09:00`); a time without offset is in `default_zone`."""
+    try:
+        instant = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"invalid time {text!r}; use ISO 8601, e.g. 2026-05-04T07:30 or 2026-05-04T07:30:00+09:00"
+        ) from None
+    if instant.tzinfo is None:
+        zone = load_zone(default_zone)
+        # fold=0: an ambiguous wall time means its first occurrence, as for windows
+        instant = instant.replace(tzinfo=zone)
+    return instant
+
+
+def _entries(cached: Mapping[str, CachedModel]) -> list[CacheEntry]:
+    """Cache entries for the eviction planner: one blob per model (the plan ignores hard links)."""
+    return [
+        CacheEntry(
+            model=model_id,
+            last_used=entry.last_used,
+            pinned=entry.pinned,
+            blobs=frozenset({Blob((0, index), entry.size_bytes)}),
+        )
+        for index, (model_id, entry) in enumerate(sorted(cached.items()))
+    ]
+
+
+def _expected_ready(
+    desired: tuple[DesiredModel, ...],
+    cached: Mapping[str, CachedModel],
+    remote_sizes: Mapping[str, int],
+    now: datetime,
+    bandwidth_bytes_per_s: float | None,
+) -> dict[str, datetime]:
+    """Walk the fetch order as the daemon would: one model at a time, each starting at its prefetch time."""
+    if not bandwidth_bytes_per_s or bandwidth_bytes_per_s <= 0:
+        return {}
+    cursor = now
+    ready: dict[str, datetime] = {}
+    for d in desired:
+        model_id = d.model.source.model_id
+        size = remote_sizes.get(model_id)
+        if model_id in cached or size is None:
+            continue
+        if d.state in _WANTED_NOW:
+            start = cursor
+        elif d.state is ModelState.UPCOMING and d.prefetch_at is not None:
+            start = max(cursor, d.prefetch_at)
+        else:
+            continue
+        cursor = start + timedelta(seconds=size / bandwidth_bytes_per_s)
+        ready[model_id] = cursor
+    return ready
+
+
+def _planned(
+    d: DesiredModel,
+    cached: Mapping[str, CachedModel],
+    remote_sizes: Mapping[str, int],
+    victims: frozenset[str],
+    reasons: Mapping[str, str],
+    ready_at: datetime | None,
+) -> PlannedModel:
+    model_id = d.model.source.model_id
+    entry = cached.get(model_id)
+    if entry is not None:
+        action = Action.EVICT if model_id in victims else Action.KEEP
+    elif d.state in _WANTED_NOW:
+        action = Action.FETCH
+    elif d.state is ModelState.UPCOMING:
+        action = Action.LATER
+    else:
+        action = Action.SKIP
+    window = d.window
+    return PlannedModel(
+        model_id=model_id,
+        label=d.model.label,
+        state=d.state.value,
+        action=action,
+        size_bytes=entry.size_bytes if entry is not None else remote_sizes.get(model_id),
+        window_start=None if window is None else window.start,
+        prefetch_at=d.prefetch_at,
+        ready_at=ready_at if entry is None else None,
+        protected=("pinned" if entry is not None and entry.pinned else reasons.get(model_id)),
+        always=window is not None and window.start is None,
+    )
+
+
+def plan_json(plan: NodePlan) -> dict[str, object]:
+    """The plan for tools (`modelsync plan --json`): ids, bytes, ISO 8601 UTC times."""
+
+    def iso(instant: datetime | None) -> str | None:
+        return None if instant is None else instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    return {
+        "pool": plan.pool,
+        "at": iso(plan.at),
+        "fits": plan.fits,
+        "budget_bytes": plan.budget_bytes,
+        "used_bytes": plan.used_bytes,
+        "fetch_bytes": plan.fetch_bytes,
+        "unknown_sizes": list(plan.unknown_sizes),
+        "bandwidth_bytes_per_s": plan.bandwidth_bytes_per_s,
+        "eviction": {
+            "needed_bytes": plan.eviction.needed_bytes,
+            "freed_bytes": plan.eviction.freed_bytes,
+            "summary": plan.eviction.describe()[0],
+        },
+        "fetch": [m.model_id for m in plan.fetch],
+        "keep": [m.model_id for m in plan.keep],
+        "evict": [m.model_id for m in plan.evict],
+        "models": [
+            {
+                "model": m.model_id,
+                "label": m.label,
+                "state": m.state,
+                "action": m.action.value,
+                "size_bytes": m.size_bytes,
+                "window_start": iso(m.window_start),
+                "always": m.always,
+                "prefetch_at": iso(m.prefetch_at),
+                "ready_at": iso(m.ready_at),
+                "ready_before_window_s": m.margin_s,
+                "late": m.late,
+                "protected": m.protected,
+                "note": m.note(plan.at),
+            }
+            for m in plan.models
+        ],
+    }
+
+
+def render_plan(plan: NodePlan) -> list[str]:
+    """The human table of `modelsync plan`: a summary, then one row per model, times in `plan.at`'s zone."""
+    budget = "no budget" if plan.budget_bytes is None else f"budget {format_bytes(plan.budget_bytes)}"
+    unknown = f" ({len(plan.unknown_sizes)} of unknown size not counted)" if plan.unknown_sizes else ""
+    speed = (
+        "unknown"
+        if not plan.bandwidth_bytes_per_s
+        else f"{format_bytes(int(plan.bandwidth_bytes_per_s))}/s"
+    )
+    lines = [
+        f"pool {plan.pool} at {plan.at.isoformat(timespec='seconds')}",
+        f"cache: {format_bytes(plan.used_bytes)} used, {budget}; to fetch now: "
+        f"{format_bytes(plan.fetch_bytes)}{unknown}; bandwidth {speed}",
+        f"fits the budget: {'yes' if plan.fits else 'NO'}"
+        + ("" if plan.eviction.needed_bytes == 0 else f"; {plan.eviction.describe()[0]}"),
+        "",
+    ]
+    rows = [("ACTION", "MODEL", "STATE", "SIZE", "WINDOW OPENS", "NOTE")]
+    for m in plan.models:
+        rows.append(
+            (
+                m.action.value,
+                m.label,
+                m.state,
+                "?" if m.size_bytes is None else format_bytes(m.size_bytes),
+                _window_text(m, plan.at),
+                ("LATE: " if m.late else "") + m.note(plan.at),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines += [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
+    return [line.rstrip() for line in lines]
+
+
+def _window_text(m: PlannedModel, now: datetime) -> str:
+    if m.always:
+        return "always"
+    if m.window_start is None:
+        return "-"
+    local = m.window_start.astimezone(now.tzinfo)
+    delta = (m.window_start - now).total_seconds()
+    relative = f"in {format_duration(delta)}" if delta > 0 else f"open {format_duration(-delta)}"
+    return f"{local.strftime('%Y-%m-%d %H:%M')} ({relative})"

@@ -1,0 +1,72 @@
+"""What the plan needs from the world: the ready models in the cache and the size of the others.
+
+The plan itself is pure (core/plan.py); these are its two inputs that take
+I/O. Sizes are best effort by design: a size S3 cannot tell (unreachable,
+denied, missing) is unknown, which the plan shows instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from modelsync.adapters.cache import Cache
+from modelsync.adapters.s3 import S3, open_s3
+from modelsync.config import Settings
+from modelsync.core.manifest import MANIFEST_NAME, parse_manifest
+from modelsync.core.plan import CachedModel
+from modelsync.core.refs import ModelRef
+from modelsync.engine.catalog import READY, open_catalog
+from modelsync.errors import ModelsyncError
+
+log = logging.getLogger(__name__)
+
+#: how long `modelsync plan` waits for S3 to tell model sizes before showing them as unknown
+SIZES_TIMEOUT_S = 15.0
+
+
+def ready_models(cache: Cache) -> dict[str, CachedModel]:
+    """Ready models by model id, with their size, last use and pin, from the cache's catalog.
+
+    A cache that was never created holds nothing; it is not created here (`modelsync plan`
+    may run on a machine that is not a node).
+    """
+    if not cache.state_dir.is_dir():
+        return {}
+    with open_catalog(cache) as catalog:
+        return {
+            view.model: CachedModel(view.size_bytes, view.last_used, view.pinned)
+            for view in catalog.views()
+            if view.state == READY
+        }
+
+
+def remote_sizes(
+    settings: Settings, refs: list[ModelRef], timeout_s: float = SIZES_TIMEOUT_S
+) -> dict[str, int]:
+    """Bytes of each model in S3 (manifest sizes, else a listing); models S3 cannot tell are left out."""
+    if not refs:
+        return {}
+    return asyncio.run(_sizes(settings, refs, timeout_s))
+
+
+async def _sizes(settings: Settings, refs: list[ModelRef], timeout_s: float) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    try:
+        async with asyncio.timeout(timeout_s), open_s3(settings) as s3:
+            for ref in refs:
+                try:
+                    sizes[ref.model_id] = await model_bytes(s3, ref)
+                except ModelsyncError as exc:
+                    log.warning("size of %s unknown: %s", ref.uri, exc, extra={"code": exc.code})
+    except TimeoutError:
+        log.warning("S3 did not tell every model size within %.0f s", timeout_s)
+    return sizes
+
+
+async def model_bytes(s3: S3, ref: ModelRef) -> int:
+    """The model's total bytes: its manifest's sizes when it has one, else a listing of the prefix."""
+    data = await s3.get_manifest(ref, MANIFEST_NAME)
+    if data is not None:
+        return parse_manifest(data, f"{ref.uri}{MANIFEST_NAME}").total_bytes
+    return sum(o.size_bytes for o in await s3.list_model(ref) if not o.key.endswith("/"))

@@ -1,0 +1,336 @@
+"""The node daemon as a real subprocess against a moto server in its own process.
+
+Schedules are written for each test with a cron window two to three minutes
+ahead and a lead of ten minutes, so "prefetch now" happens at once (cron has
+minute resolution). Ticks are 1 s and the start jitter is 0. Metrics are
+scraped over HTTP and parsed with prometheus_client's parser, so values are
+checked, not just names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.faultproxy import FaultProxy
+from support.s3env import S3Env
+
+from modelsync.adapters.cache import STATE_DIR
+
+POOL = "test-pool"
+MiB = 1024 * 1024
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def payload(size: int, seed: int) -> bytes:
+    block = hashlib.sha256(f"seed-{seed}".encode()).digest() * (64 * 1024 // 32)
+    return (block * (size // len(block) + 1))[:size]
+
+
+def upload(env: S3Env, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
+    client = env.boto3_client()
+    try:
+        if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket=bucket)
+        for name, data in files.items():
+            client.put_object(Bucket=bucket, Key=prefix + name, Body=data)
+    finally:
+        client.close()
+
+
+def schedule_text(models: list[tuple[str, str, str]]) -> str:
+    """(name, source, window) entries; window is 'soon' (prefetch now), 'later' or 'always'."""
+    soon = (datetime.now(UTC) + timedelta(minutes=3)).replace(second=0, microsecond=0)
+    windows = {
+        "soon": f'[{{cron: "{soon.minute} {soon.hour} * * *", duration: 10m}}]',
+        "later": f'[{{cron: "{soon.minute} {(soon.hour + 12) % 24} * * *", duration: 10m}}]',
+        "always": "[always]",
+    }
+    lines = ["version: 1", "timezone: UTC", "defaults: {lead: 10m, keep: 1m}"]
+    lines.append("models:" if models else "models: []")
+    for name, source, window in models:
+        lines += [f"  - name: {name}", f"    source: {source}", f"    pools: [{POOL}]"]
+        lines.append(f"    windows: {windows[window]}")
+    return "\n".join(lines) + "\n"
+
+
+class ConfigMapDir:
+    """Laid out like a mounted ConfigMap: schedule.yaml -> ..data/schedule.yaml, ..data -> ..v<n>."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.version = 0
+        root.mkdir()
+        (root / "schedule.yaml").symlink_to("..data/schedule.yaml")
+
+    @property
+    def path(self) -> Path:
+        return self.root / "schedule.yaml"
+
+    def write(self, text: str) -> None:
+        """Swap the `..data` symlink atomically to a new version directory, as the kubelet does."""
+        self.version += 1
+        version_dir = self.root / f"..v{self.version}"
+        version_dir.mkdir()
+        (version_dir / "schedule.yaml").write_text(text)
+        temp = self.root / "..data_tmp"
+        temp.symlink_to(version_dir.name)
+        os.replace(temp, self.root / "..data")
+
+
+class Daemon:
+    """`modelsync daemon` in a child process; its JSON logs go to a file the test reads."""
+
+    def __init__(self, cache: Path, schedule: Path, env: dict[str, str], *extra: str) -> None:
+        self.cache = cache
+        self.log_path = cache.parent / "daemon.log"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "modelsync", "daemon", "--schedule", str(schedule), "--pool", POOL,
+             "--listen", "127.0.0.1:0", "--tick", "1s", "--jitter", "0", "--json-logs",
+             "--cache-dir", str(cache), *extra],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        )
+        try:
+            entry = self.wait_for_log(lambda e: "url" in e, timeout_s=20)
+        except BaseException:
+            self.stop()
+            raise
+        self.url = str(entry["url"])
+
+    def logs(self) -> list[dict[str, object]]:
+        entries = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                entries.append({"msg": line, "level": "raw"})
+        return entries
+
+    def wait_for_log(
+        self, match: Callable[[dict[str, object]], bool], timeout_s: float = 15
+    ) -> dict[str, object]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for entry in self.logs():
+                if match(entry):
+                    return entry
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited {self.process.returncode}: {self.log_path.read_text()}")
+            time.sleep(0.1)
+        raise AssertionError(f"no matching log line within {timeout_s} s: {self.log_path.read_text()}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with _DIRECT.open(self.url + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, text = self.get("/metrics")
+        assert status == 200
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.metrics().get((name, tuple(sorted(labels.items()))))
+
+    def stop(self) -> tuple[int, float]:
+        """SIGTERM; the exit code and how long it took to exit."""
+        started = time.monotonic()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if not self._log.closed:
+            self._log.close()
+        return self.process.returncode, time.monotonic() - started
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(schedule: Path, env: dict[str, str], *extra: str) -> Daemon:
+        daemon = Daemon(tmp_path / "cache", schedule, env, *extra)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float = 20, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met within {timeout_s} s")
+
+
+def run_cli(env: dict[str, str], *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelsync", *args], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+# ---- tests ----------------------------------------------------------------------------
+
+
+def test_daemon_stages_a_model_before_its_window_and_reports_it_in_metrics(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    files = {"config.json": b"{}", "weights.bin": payload(3 * MiB, 1)}
+    upload(moto_subprocess_s3_env, "models", "org/m1/r1/", files)
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("m1", "s3://models/org/m1/r1/", "soon")]))
+    daemon = start_daemon(schedule, moto_subprocess_s3_env.subprocess_env())
+
+    ready = tmp_path / "cache/models/org/m1/r1"
+    wait_until(lambda: (ready / "weights.bin").exists(), what="the model is staged")
+    assert (ready / "weights.bin").read_bytes() == files["weights.bin"]
+    wait_until(lambda: daemon.metric("modelsync_pull_duration_seconds_count") == 1, what="pull counted")
+
+    assert daemon.get("/healthz")[0] == 200
+    assert daemon.get("/readyz")[0] == 200
+    assert daemon.get("/other")[0] == 404
+    total = sum(len(d) for d in files.values())
+    assert daemon.metric("modelsync_fetched_bytes_total") == total
+    margin = daemon.metric("modelsync_ready_before_window_seconds", model="m1")
+    assert margin is not None and 60 < margin < 200, "ready 1-3 minutes before the window opens"
+    wait_until(
+        lambda: daemon.metric("modelsync_models", state="prefetch", staged="true") == 1,
+        what="the staged model is counted by state",
+    )
+    assert daemon.metric("modelsync_models", state="prefetch", staged="false") == 0
+    assert daemon.metric("modelsync_cache_used_bytes") == total
+    assert daemon.metric("modelsync_schedule_last_load_ok") == 1
+    assert daemon.metric("modelsync_schedule_fits_budget") == 1
+    reconciled = daemon.metric("modelsync_last_reconcile_timestamp_seconds")
+    assert reconciled is not None and abs(time.time() - reconciled) < 10
+
+    code, seconds = daemon.stop()
+    assert code == 0 and seconds < 10
+    assert not (tmp_path / "cache" / STATE_DIR / "daemon.sock").exists()
+
+
+def test_daemon_reloads_a_swapped_schedule_and_keeps_the_last_good_one_when_the_next_is_bad(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    upload(moto_subprocess_s3_env, "models", "org/m2/r1/", {"w.bin": payload(MiB, 2)})
+    configmap = ConfigMapDir(tmp_path / "etc")
+    configmap.write(schedule_text([("m2", "s3://models/org/m2/r1/", "later")]))
+    daemon = start_daemon(configmap.path, moto_subprocess_s3_env.subprocess_env())
+    wait_until(lambda: daemon.get("/readyz")[0] == 200, what="ready")
+    assert daemon.metric("modelsync_models", state="upcoming", staged="false") == 1
+
+    configmap.write(schedule_text([("m2", "s3://models/org/m2/r1/", "soon")]))
+    staged = tmp_path / "cache/models/org/m2/r1/w.bin"
+    wait_until(staged.exists, what="the reloaded schedule is acted on")
+
+    configmap.write("version: 1\nmodels:\n  - source: s3://models/org/m2/r1/\n    pools: [x]\n    bogus: 1\n")
+    wait_until(
+        lambda: daemon.metric("modelsync_schedule_load_errors_total", code="usage") == 1,
+        what="the refused schedule is counted",
+    )
+    assert daemon.metric("modelsync_schedule_last_load_ok") == 0
+    refused = daemon.wait_for_log(lambda e: e.get("level") == "error")
+    assert refused["code"] == "usage"
+    assert "schedule.yaml:5: models[0].bogus: unknown key" in str(refused["msg"])
+    assert daemon.get("/readyz")[0] == 200, "the last good schedule is still in force"
+    assert daemon.metric("modelsync_models", state="prefetch", staged="true") == 1
+    assert daemon.stop()[0] == 0
+
+
+def test_prefetch_goes_through_the_socket_and_a_concurrent_pull_attaches_without_a_second_download(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    size = 6 * MiB
+    upload(moto_subprocess_s3_env, "models", "org/m3/r1/", {"weights.bin": payload(size, 3)})
+    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
+        env = moto_subprocess_s3_env.via(proxy.endpoint_url).subprocess_env()
+        schedule = tmp_path / "schedule.yaml"
+        schedule.write_text(schedule_text([]))
+        daemon = start_daemon(schedule, env, "--max-bandwidth", "3Mi/s", "--part-size", "1Mi")
+        cache = ["--cache-dir", str(tmp_path / "cache")]
+
+        queued = run_cli(env, "prefetch", "--no-wait", "models/org/m3/r1", *cache)
+        assert queued.returncode == 0, queued.stderr
+        assert "queued by the daemon" in queued.stderr
+        wait_until(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) > 0, what="the daemon pulls")
+
+        pulled = run_cli(env, "pull", "s3://models/org/m3/r1/", "--quiet", *cache)
+        assert pulled.returncode == 0, pulled.stderr
+        path = tmp_path / "cache/models/org/m3/r1"
+        assert pulled.stdout.strip().splitlines()[-1] == str(path)
+        assert (path / "weights.bin").read_bytes() == payload(size, 3)
+        assert proxy.bytes_sent("weights.bin") == size, "the second puller downloaded nothing"
+
+        waited = run_cli(env, "prefetch", "s3://models/org/m3/r1/", *cache)
+        assert waited.returncode == 0, waited.stderr
+        assert waited.stdout.strip() == str(path)
+    assert daemon.stop()[0] == 0
+
+
+def test_daemon_stops_within_10s_of_sigterm_mid_pull_and_leaves_a_journal_to_resume(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    upload(moto_subprocess_s3_env, "models", "org/m4/r1/", {"weights.bin": payload(16 * MiB, 4)})
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("m4", "s3://models/org/m4/r1/", "always")]))
+    env = moto_subprocess_s3_env.subprocess_env()
+    daemon = start_daemon(schedule, env, "--max-bandwidth", "2Mi/s", "--part-size", "1Mi")
+    wait_until(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) >= 2 * MiB, what="the pull runs")
+
+    code, seconds = daemon.stop()
+    assert code == 0
+    assert seconds < 10
+    staging = tmp_path / "cache" / STATE_DIR / "staging"
+    journals = [p.name for p in staging.iterdir() if p.name.endswith(".journal")]
+    assert journals, "a journal is left to resume from"
+    assert not (tmp_path / "cache/models/org/m4/r1").exists()
+
+    cache = str(tmp_path / "cache")
+    resumed = run_cli(env, "pull", "s3://models/org/m4/r1/", "--quiet", "--cache-dir", cache)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (tmp_path / "cache/models/org/m4/r1/weights.bin").read_bytes() == payload(16 * MiB, 4)
+
+
+def test_daemon_stays_healthy_and_ready_while_s3_is_unreachable(
+    tmp_path: Path, start_daemon: Callable[..., Daemon]
+) -> None:
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("m5", "s3://models/org/m5/r1/", "always")]))
+    env = S3Env("http://127.0.0.1:9").subprocess_env()  # the discard port: nothing listens
+    daemon = start_daemon(schedule, env)
+    wait_until(
+        lambda: (daemon.metric("modelsync_pull_failures_total", code="remote_unavailable") or 0) >= 1,
+        timeout_s=30,
+        what="the failed attempt is counted",
+    )
+    assert daemon.get("/healthz")[0] == 200
+    assert daemon.get("/readyz")[0] == 200
+    failure = daemon.wait_for_log(lambda e: e.get("level") == "error")
+    assert failure["code"] == "remote_unavailable" and failure["model"] == "m5"
+    assert daemon.stop()[0] == 0

@@ -545,7 +545,8 @@ def _render_request(endpoint: _Endpoint, target: str, req: RangeRequest) -> byte
         "User-Agent: modelsync",
     ]
     if req.etag is not None:
-        lines.append(f"If-Match: {req.etag}")
+        # An entity tag is a quoted string (RFC 9110); nginx refuses the bare form with 412.
+        lines.append(f'If-Match: "{req.etag.strip(chr(34))}"')
     for name, value in req.headers.items():
         if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
             raise ValueError(f"header {name!r} contains a line break")

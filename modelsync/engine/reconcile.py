@@ -119,6 +119,8 @@ class _Events:
         log.info("waiting for %s, which is pulling %s", holder, self._label, extra={"model": self._label})
 
     def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
+        if not missing_bytes:
+            return  # a refresh check that found nothing to fetch
         log.info(
             "pulling %s: %d files, %d bytes to fetch",
             self._label,
@@ -347,6 +349,8 @@ class Reconciler:
             if result.fetched_bytes:
                 log.info("%s changed at its source and was refreshed", job.label, extra={"model": job.label})
             return
+        if self.config.refresh_s:
+            self._refresh_at[model_id] = self._clock() + self.config.refresh_s  # it was just checked
         margin = self._margin_s(model_id)
         self.metrics.pull_succeeded(job.label, result.seconds, margin)
         log.info(

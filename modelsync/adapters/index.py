@@ -49,6 +49,9 @@ CREATE TABLE files (
 CREATE INDEX files_by_digest ON files(size_bytes, xxh3_128);
 CREATE INDEX files_by_etag ON files(etag, size_bytes);
 """
+_SCHEMA_IF_MISSING = _SCHEMA.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ").replace(
+    "CREATE INDEX ", "CREATE INDEX IF NOT EXISTS "
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,13 @@ class Index:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db = self._connect()
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError:
+            # Not a database at all (garbage bytes): even setting WAL mode fails. Start
+            # afresh; is_current() then sees an empty schema and the caller rebuilds.
+            self._remove_files()
+            self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         # Used from one thread at a time, but not always the one that opened it (asyncio.to_thread).
@@ -108,11 +117,18 @@ class Index:
     def reset(self) -> None:
         """Start an empty index of the current schema (the caller then re-adds every record)."""
         self._db.close()
+        self._remove_files()
+        self._db = self._connect()
+        # Several processes may reset at once, one creating the schema in the file another
+        # has just opened: IF NOT EXISTS under an immediate transaction makes that harmless.
+        self._db.executescript(
+            f"BEGIN IMMEDIATE; {_SCHEMA_IF_MISSING} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        )
+
+    def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
-        self._db = self._connect()
-        self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:

@@ -7,7 +7,6 @@ Commands that need no S3 (a warm pull, ls) never import the S3 stack.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -32,7 +31,6 @@ from modelsync.cli_common import (
 from modelsync.config import Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import parse_duration
-from modelsync.errors import ExitCode, UsageError
 
 app = typer.Typer(
     name="modelsync",
@@ -160,12 +158,3 @@ app.command("gc")(user_errors(cli_cache.gc))
 app.command("plan")(user_errors(cli_schedule.plan))
 app.command("daemon")(user_errors(cli_schedule.daemon))
 app.command("prefetch")(user_errors(cli_schedule.prefetch))
-
-
-def main() -> None:
-    """Console entry point."""
-    try:
-        app()
-    except UsageError as exc:  # raised outside a command (should not happen, but stay one line)
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(int(ExitCode.USAGE))

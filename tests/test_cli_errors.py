@@ -36,7 +36,7 @@ WRONG_SECRET = "wr0ng-S3cret-must-never-be-printed-7f3a"
 # was imported; the extra line comes after the CLI's own output.
 REPORT_IMPORTS = (
     "import sys\n"
-    "from modelsync.cli import main\n"
+    "from modelsync.__main__ import main\n"
     "try:\n"
     "    main()\n"
     "finally:\n"
@@ -48,7 +48,7 @@ NO_SPACE = (
     "def no_space(*args):\n"
     "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
     "os.posix_fallocate = no_space\n"
-    "from modelsync.cli import main\n"
+    "from modelsync.__main__ import main\n"
     "main()\n"
 )
 

@@ -1,0 +1,97 @@
+"""The warm fast path answers only plain pulls of ready models and leaves everything else to the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from modelsync.adapters.cache import Cache
+from modelsync.core.manifest import FileEntry
+from modelsync.core.record import CompletionRecord
+from modelsync.core.refs import parse_source
+from modelsync.warm import try_warm_pull
+
+SOURCE = "s3://models/org/model/rev1/"
+
+
+def make_ready(root: Path, source: str = SOURCE) -> Path:
+    """A ready model written through the cache's own staging and publish steps."""
+    ref = parse_source(source)
+    cache = Cache(root)
+    cache.ensure()
+    staging = cache.staging(ref)
+    staging.prepare(resume=False)
+    data = b"weights" * 100
+    fd = staging.open_file("model.safetensors", len(data))
+    os.pwrite(fd, data, 0)
+    os.close(fd)
+    entry = FileEntry("model.safetensors", len(data), xxhash.xxh3_128_hexdigest(data), "etag")
+    return cache.publish(ref, staging, CompletionRecord(ref.uri, time.time(), "manifest", (entry,)))
+
+
+def test_a_plain_pull_of_a_ready_model_answers_with_its_path(tmp_path: Path) -> None:
+    ready = make_ready(tmp_path)
+    assert try_warm_pull(["pull", SOURCE, "--cache-dir", str(tmp_path)], {}) == str(ready)
+    assert try_warm_pull(["pull", f"--cache-dir={tmp_path}", "-q", SOURCE], {}) == str(ready)
+    assert try_warm_pull(["pull", SOURCE], {"MODELSYNC_CACHE_DIR": str(tmp_path)}) == str(ready)
+
+
+def test_a_warm_pull_records_the_use(tmp_path: Path) -> None:
+    make_ready(tmp_path)
+    cache = Cache(tmp_path)
+    ref = parse_source(SOURCE)
+    assert cache.last_used(ref) is None
+    try_warm_pull(["pull", SOURCE, "--cache-dir", str(tmp_path)], {})
+    used = cache.last_used(ref)
+    assert used is not None and abs(used - time.time()) < 60
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pull", SOURCE, "--verify"],
+        ["pull", SOURCE, "--lease", "1h"],
+        ["pull", "--help"],
+        ["pull", SOURCE, SOURCE],
+        ["pull"],
+        ["ls"],
+        ["pull", "s3://models/"],
+        ["pull", "s3://models/org/other/"],
+        ["pull", SOURCE, "--cache-dir"],
+        ["pull", SOURCE, "--cache-dir", "a", "--cache-dir", "b"],
+    ],
+)
+def test_anything_but_a_plain_pull_of_a_ready_model_falls_through(tmp_path: Path, argv: list[str]) -> None:
+    make_ready(tmp_path)
+    assert try_warm_pull([*argv, "--cache-dir", str(tmp_path)] if "--cache-dir" not in argv else argv, {}) is None
+
+
+def test_a_damaged_ready_model_falls_through_to_the_full_pull(tmp_path: Path) -> None:
+    ready = make_ready(tmp_path)
+    os.chmod(ready / "model.safetensors", 0o644)
+    os.truncate(ready / "model.safetensors", 3)
+    assert try_warm_pull(["pull", SOURCE, "--cache-dir", str(tmp_path)], {}) is None
+
+
+def test_the_warm_path_imports_neither_the_s3_stack_nor_the_full_command_line(tmp_path: Path) -> None:
+    ready = make_ready(tmp_path)
+    code = (
+        "import sys\n"
+        "from modelsync.__main__ import main\n"
+        "main()\n"
+        "print(sorted(m for m in ('typer', 'aiobotocore', 'botocore') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "pull", SOURCE, "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [str(ready), "[]"]

@@ -294,6 +294,9 @@ class Cache:
         self.pins_dir = self.state_dir / "pins"
         #: used/<slug>: its mtime is when the model was last pulled or touched
         self.used_dir = self.state_dir / "used"
+        #: verified/<slug>: its mtime is when `verify` last found the model intact (kept
+        #: beside the records, so rebuilding the index does not forget it)
+        self.verified_dir = self.state_dir / "verified"
         #: leases/<slug>: a consumer holds the model until the time written inside
         self.leases_dir = self.state_dir / "leases"
         #: reservations/<slug>: disk space claimed by a running pull (valid while its lock is held)
@@ -311,6 +314,7 @@ class Cache:
                 self.quarantine_dir,
                 self.pins_dir,
                 self.used_dir,
+                self.verified_dir,
                 self.leases_dir,
                 self.reservations_dir,
             ):
@@ -376,6 +380,20 @@ class Cache:
         except FileNotFoundError:
             return None
 
+    def mark_verified(self, ref: ModelRef, at: float) -> None:
+        """Record a clean verification; best effort, like `touch`."""
+        marker = self.verified_dir / ref.slug
+        with contextlib.suppress(OSError):
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
+            os.close(fd)
+            os.utime(marker, (at, at))
+
+    def verified_at(self, ref: ModelRef) -> float | None:
+        try:
+            return os.stat(self.verified_dir / ref.slug).st_mtime
+        except FileNotFoundError:
+            return None
+
     def lease(self, ref: ModelRef, until: float) -> None:
         marker = self.leases_dir / ref.slug
         with fs.storage_errors(marker):
@@ -414,7 +432,7 @@ class Cache:
 
     def forget(self, ref: ModelRef) -> None:
         """Drop every marker of an evicted model."""
-        for d in (self.pins_dir, self.used_dir, self.leases_dir):
+        for d in (self.pins_dir, self.used_dir, self.verified_dir, self.leases_dir):
             with contextlib.suppress(FileNotFoundError):
                 (d / ref.slug).unlink()
 

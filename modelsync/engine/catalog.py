@@ -99,6 +99,9 @@ class Catalog:
                 if stat.S_ISREG(st.st_mode):
                     inodes[f.path] = (st.st_dev, st.st_ino)
         self.index.put(ref.model_id, record, inodes, state)
+        verified_at = self.cache.verified_at(ref)
+        if verified_at is not None and verified_at > record.completed_at:
+            self.index.set_verified(ref.model_id, verified_at)
 
     # -- views -----------------------------------------------------------------------
 

@@ -76,7 +76,9 @@ def _check_model(cache: Cache, catalog: Catalog, ref: ModelRef, full: bool) -> M
         problems = full_check(root, record) if full else quick_check(root, record)
         problems += _strays(root, record)
         if not problems:
-            catalog.index.set_verified(ref.model_id, time.time())
+            now = time.time()
+            cache.mark_verified(ref, now)
+            catalog.index.set_verified(ref.model_id, now)
             return ModelCheck(ref.model_id, ())
         _quarantine(cache, catalog, ref, record)
         return ModelCheck(ref.model_id, tuple(problems), quarantined=True)

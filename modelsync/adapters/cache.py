@@ -491,7 +491,14 @@ class Cache:
                 os.close(parent)
             with contextlib.suppress(FileNotFoundError):
                 staging.journal.path.unlink()
+            self._drop_quarantine(ref)
         return ready
+
+    def _drop_quarantine(self, ref: ModelRef) -> None:
+        """A quarantined copy is stale once the model is ready again: record first, then data."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.quarantine_dir / f"{ref.slug}.json").unlink()
+        fs.remove_tree(self.quarantine_dir / ref.slug)
 
     def unpublish(self, ref: ModelRef) -> None:
         """Make a model not ready: the ready path disappears in one rename, then the data goes."""

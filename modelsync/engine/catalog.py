@@ -73,7 +73,8 @@ class Catalog:
         return len(stale)
 
     def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, str]]]:
-        for directory, state in ((self.cache.records_dir, READY), (self.cache.quarantine_dir, QUARANTINED)):
+        # Quarantine first, so a ready record of the same model (pulled again since) wins.
+        for directory, state in ((self.cache.quarantine_dir, QUARANTINED), (self.cache.records_dir, READY)):
             for path in _json_files(directory):
                 record = _read_record(path)
                 if record is None:

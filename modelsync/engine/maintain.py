@@ -187,7 +187,13 @@ def leftovers(cache: Cache, older_than_s: float = 0.0) -> list[Leftover]:
             continue
         if now - _mtime(cache.locks_dir / name) >= older_than_s:
             found.append(Leftover(cache.locks_dir / name, "orphan lock"))
-    found += [Leftover(cache.trash_dir / n, "unfinished delete") for n in _names(cache.trash_dir)]
+    # A young trash entry may be one an evict is deleting right now: it too waits out the age,
+    # counted from its move to trash (the rename sets ctime; mtime is the model's own).
+    found += [
+        Leftover(cache.trash_dir / n, "unfinished delete")
+        for n in _names(cache.trash_dir)
+        if now - _ctime(cache.trash_dir / n) >= older_than_s
+    ]
     return found
 
 
@@ -207,6 +213,13 @@ def _names(directory: Path) -> list[str]:
         return sorted(os.listdir(directory))
     except FileNotFoundError:
         return []
+
+
+def _ctime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_ctime
+    except FileNotFoundError:
+        return time.time()
 
 
 def _mtime(path: Path) -> float:

@@ -24,6 +24,7 @@ from pathlib import Path
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
 from modelsync.core.units import format_bytes
+from modelsync.errors import UsageError
 
 MiB = 1024 * 1024
 DEMO_SOURCE = "s3://models/demo/tiny-llm/2026-11-30/"
@@ -76,7 +77,12 @@ def generate_model(directory: Path) -> None:
 
 
 def run_demo(keep: bool) -> None:
-    from moto.server import ThreadedMotoServer
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        raise UsageError(
+            "the demo needs an embedded S3 server: pip install 'modelsync[demo]' (scripts/demo does)"
+        ) from None
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 

@@ -5,6 +5,9 @@ import sys
 
 
 def main() -> None:
+    # The cache is shared by processes of several uids in one group (daemon, init containers):
+    # whatever the inherited umask, files and directories modelsync creates stay group-writable.
+    os.umask(os.umask(0) & ~0o070)
     from modelsync.warm import try_warm_pull
 
     path = try_warm_pull(sys.argv[1:], os.environ)

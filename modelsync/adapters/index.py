@@ -21,6 +21,7 @@ from pathlib import Path
 
 from modelsync.adapters import fs
 from modelsync.core.record import CompletionRecord
+from modelsync.errors import DiskFullError, LocalStorageError
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
@@ -80,26 +81,34 @@ class IndexedFile:
 class Index:
     """A connection to the index; open one per command, close it when done."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
+        """Open the index at `path`; None: a private index in memory, gone when closed."""
         self.path = path
-        try:
-            self._db = self._connect()
-        except sqlite3.DatabaseError:
-            # Not a database at all (garbage bytes): even setting WAL mode fails. Start
-            # afresh; is_current() then sees an empty schema and the caller rebuilds.
-            self._remove_files()
-            self._db = self._connect()
+        with _storage_errors(path):
+            try:
+                self._db = self._connect()
+            except sqlite3.DatabaseError as exc:
+                if _error_code(exc) != sqlite3.SQLITE_NOTADB:
+                    raise
+                # Not a database at all (garbage bytes): even setting WAL mode fails. Start
+                # afresh; is_current() then sees an empty schema and the caller rebuilds.
+                self._remove_files()
+                self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         # Used from one thread at a time, but not always the one that opened it (asyncio.to_thread).
         db = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+            ":memory:" if self.path is None else self.path,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=False,
         )
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA foreign_keys = ON")
-        _share_with_group(self.path)
+        if self.path is not None:
+            _share_with_group(self.path)
         return db
 
     def close(self) -> None:
@@ -118,27 +127,34 @@ class Index:
         """Start an empty index of the current schema (the caller then re-adds every record)."""
         self._db.close()
         self._remove_files()
-        self._db = self._connect()
-        # Several processes may reset at once, one creating the schema in the file another
-        # has just opened: IF NOT EXISTS under an immediate transaction makes that harmless.
-        self._db.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA_IF_MISSING} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        )
+        with _storage_errors(self.path):
+            self._db = self._connect()
+            # Several processes may reset at once, one creating the schema in the file another
+            # has just opened: IF NOT EXISTS under an immediate transaction makes that harmless.
+            self._db.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA_IF_MISSING} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            )
 
     def _remove_files(self) -> None:
+        if self.path is None:
+            return
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with _storage_errors(self.path):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT (disk full) may leave the transaction open, or may not.
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     def put(
         self, model: str, record: CompletionRecord, inodes: dict[str, tuple[int, int]], state: str
@@ -172,10 +188,12 @@ class Index:
             self._db.executemany("DELETE FROM models WHERE model = ?", [(m,) for m in models])
 
     def set_state(self, model: str, state: str) -> None:
-        self._db.execute("UPDATE models SET state = ? WHERE model = ?", (state, model))
+        with _storage_errors(self.path):
+            self._db.execute("UPDATE models SET state = ? WHERE model = ?", (state, model))
 
     def set_verified(self, model: str, at: float) -> None:
-        self._db.execute("UPDATE models SET verified_at = ? WHERE model = ?", (at, model))
+        with _storage_errors(self.path):
+            self._db.execute("UPDATE models SET verified_at = ? WHERE model = ?", (at, model))
 
     def models(self) -> list[IndexedModel]:
         rows = self._db.execute("SELECT * FROM models ORDER BY model").fetchall()
@@ -198,6 +216,42 @@ class Index:
             args,
         ).fetchall()
         return [IndexedFile(*row) for row in rows]
+
+
+#: SQLite result codes that are the storage's fault, not the query's
+_STORAGE_CODES = {
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_PERM,
+}
+
+
+def _error_code(exc: sqlite3.Error) -> int | None:
+    """The primary result code of a SQLite error (extended codes carry it in the low byte)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+@contextlib.contextmanager
+def _storage_errors(path: Path | None) -> Iterator[None]:
+    """SQLite failing on a full, read-only or broken volume becomes modelsync's storage error.
+
+    Other SQLite errors (a bad query) are bugs and keep their traceback.
+    """
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        code = _error_code(exc)
+        if code == sqlite3.SQLITE_FULL:
+            raise DiskFullError(
+                f"disk full writing the cache index {path}; free space (modelsync evict) "
+                "or raise the volume's size"
+            ) from None
+        if code in _STORAGE_CODES:
+            raise LocalStorageError(f"cannot use the cache index {path}: {exc}") from None
+        raise
 
 
 def _share_with_group(path: Path) -> None:

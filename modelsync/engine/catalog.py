@@ -23,7 +23,7 @@ from modelsync.adapters.index import Index, IndexedModel
 from modelsync.core.eviction import Blob, CacheEntry, EntryState
 from modelsync.core.record import CompletionRecord, parse_record
 from modelsync.core.refs import ModelRef, parse_model_name
-from modelsync.errors import ManifestError, ModelsyncError, NotFoundError
+from modelsync.errors import LocalStorageError, ManifestError, ModelsyncError, NotFoundError
 
 READY = "ready"
 QUARANTINED = "quarantined"
@@ -50,10 +50,19 @@ class Catalog:
         self.cache = cache
         cache.ensure()
         self.index = Index(cache.index_path)
-        if not self.index.is_current():
+        try:
+            if not self.index.is_current():
+                self.index.reset()
+            #: index rows whose model was no longer on disk, dropped while opening
+            self.stale_rows_dropped = self._sync()
+        except LocalStorageError:
+            # The index cannot be brought in step (a full or read-only volume): work from a
+            # private copy in memory, built from the records, so ls and evict still run when
+            # space is needed most. The file catches up at the next open that can write.
+            self.index.close()
+            self.index = Index(None)
             self.index.reset()
-        #: index rows whose model was no longer on disk, dropped while opening
-        self.stale_rows_dropped = self._sync()
+            self.stale_rows_dropped = self._sync()
 
     def close(self) -> None:
         self.index.close()
@@ -69,7 +78,7 @@ class Catalog:
         for model, (ref, record, state) in on_disk.items():
             row = rows.get(model)
             if row is None or row.state != state or row.completed_at != record.completed_at:
-                self.register(ref, record, state)
+                self._put(ref, record, state)
         return len(stale)
 
     def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, str]]]:
@@ -91,6 +100,16 @@ class Catalog:
         return self.cache.ready_path(ref) if state == READY else self.cache.quarantine_dir / ref.slug
 
     def register(self, ref: ModelRef, record: CompletionRecord, state: str = READY) -> None:
+        """Add or replace a model's row, after its record was written (a publish, a quarantine).
+
+        The record on disk already made the change; the row only follows it. When the
+        index cannot be written (disk full), the row is left for the next open to bring
+        in step from the record, rather than failing a pull whose model is already ready.
+        """
+        with contextlib.suppress(LocalStorageError):
+            self._put(ref, record, state)
+
+    def _put(self, ref: ModelRef, record: CompletionRecord, state: str) -> None:
         """Add or replace a model's row, with the inode of each file for hard-link accounting."""
         root = self._data_dir(ref, state)
         inodes = {}

@@ -83,6 +83,8 @@ class PullResult:
     fetched_bytes: int
     seconds: float
     files: int
+    #: models the pull's space reservation evicted to make room, so callers can count them exactly
+    evicted: tuple[str, ...] = ()
 
 
 class PullCancelledError(Exception):
@@ -132,6 +134,7 @@ def pull(
         fetched_bytes=puller.counter.fetched_bytes,
         seconds=time.monotonic() - started,
         files=len(plan.files),
+        evicted=puller.evicted,
     )
 
 
@@ -177,6 +180,7 @@ class _Puller:
         self.current = current
         self.counter = ByteCounter()
         self.aborted = False
+        self.evicted: tuple[str, ...] = ()
         self.staging: Staging = cache.staging(ref)
         self.window = asyncio.Semaphore(settings.concurrency)
         self.hash_slots = asyncio.Semaphore(HASH_SLOTS)
@@ -211,7 +215,7 @@ class _Puller:
                 for w in plan.files
                 if w.file.path not in state.files and w.file.path not in linked
             )
-            await asyncio.to_thread(
+            room = await asyncio.to_thread(
                 make_room,
                 self.settings,
                 self.cache,
@@ -221,6 +225,7 @@ class _Puller:
                 self.protected,
                 lambda: self._allocate(plan, skip=set(state.files) | set(linked)),
             )
+            self.evicted = room.evicted
             self.events.planned(len(plan.files), plan.total_bytes, plan.missing_bytes - sum(linked.values()))
             file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
             with first_error():

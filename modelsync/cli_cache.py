@@ -35,7 +35,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     cache = Cache(settings.cache_dir)
     with open_catalog(cache) as catalog:
         views = catalog.views()
-        used = unique_bytes(catalog.eviction_entries())
+        used = unique_bytes(catalog.eviction_entries(views))
     budget = budget_bytes(settings)
     free = fs.free_bytes(settings.cache_dir)
     if as_json:

@@ -251,12 +251,12 @@ def test_daemon_reloads_a_swapped_schedule_and_keeps_the_last_good_one_when_the_
 
     configmap.write("version: 1\nmodels:\n  - source: s3://models/org/m2/r1/\n    pools: [x]\n    bogus: 1\n")
     wait_until(
-        lambda: daemon.metric("modelsync_schedule_load_errors_total", code="usage") == 1,
+        lambda: daemon.metric("modelsync_schedule_load_errors_total", code="bad_schedule") == 1,
         what="the refused schedule is counted",
     )
     assert daemon.metric("modelsync_schedule_last_load_ok") == 0
     refused = daemon.wait_for_log(lambda e: e.get("level") == "error")
-    assert refused["code"] == "usage"
+    assert refused["code"] == "bad_schedule"
     assert "schedule.yaml:5: models[0].bogus: unknown key" in str(refused["msg"])
     assert daemon.get("/readyz")[0] == 200, "the last good schedule is still in force"
     assert daemon.metric("modelsync_models", state="prefetch", staged="true") == 1

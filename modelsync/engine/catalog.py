@@ -170,14 +170,17 @@ class Catalog:
                 pulls.append((parse_model_name(source), n_bytes))
         return pulls
 
-    def eviction_entries(self) -> list[CacheEntry]:
-        """The cache as the eviction planner sees it: models, their physical files, running pulls."""
+    def eviction_entries(self, views: list[ModelView] | None = None) -> list[CacheEntry]:
+        """The cache as the eviction planner sees it: models, their physical files, running pulls.
+
+        `views` the caller already has (`ls`) spare reading every marker a second time.
+        """
         blobs: dict[str, set[Blob]] = {}
         for f in self.index.files():
             key = (f.dev, f.ino) if f.ino else (-1, _stable_id(f.model, f.path))
             blobs.setdefault(f.model, set()).add(Blob(key, f.size_bytes))
         entries = []
-        for view in self.views():
+        for view in self.views() if views is None else views:
             if view.state == PULLING:
                 reserved = {Blob((-2, _stable_id(view.model, "")), view.size_bytes)}
                 entries.append(

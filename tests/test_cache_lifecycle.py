@@ -737,3 +737,17 @@ def test_crash_leftovers_never_crash_a_command_verify_reports_them_and_gc_remove
     assert_present(cache, incoming)
     again = run("verify", "--full")
     assert again.returncode == 0 and "note" not in again.stdout, again.stdout
+
+
+def test_a_reader_holding_a_file_keeps_reading_whole_bytes_after_the_model_is_evicted(
+    cache: Cache, pulled: Callable[..., Model], run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    model = pulled("org/held/rev1/", size_bytes=MiB)
+    with open(cache.ready_path(model.ref) / "weights.bin", "rb") as reader:
+        head = reader.read(1000)
+
+        evicted = run("evict", model.name)
+
+        assert evicted.returncode == 0, evicted.stderr
+        assert_absent(cache, model)
+        assert head + reader.read() == model.files["weights.bin"]

@@ -6,8 +6,9 @@ What runs, all on one event loop:
 - the schedule watcher: every second it stats the schedule path (following
   symlinks, so a ConfigMap's `..data` swap shows as a new inode) and re-reads
   the file when its identity or mtime changed; a new content hash is loaded.
-  A file that does not load is logged with its error code and counted in
-  `modelsync_schedule_load_errors_total`, and the last good schedule stays;
+  A file that does not load (`ScheduleError`) is logged with its code,
+  `bad_schedule`, and counted in `modelsync_schedule_load_errors_total`, and
+  the last good schedule stays;
 - the local API on `<cache>/.modelsync/daemon.sock` (api.py);
 - the HTTP listener with only `/metrics`, `/healthz` and `/readyz`. Neither
   probe touches S3: an object-store outage must not restart or unready the
@@ -44,7 +45,7 @@ from modelsync.core.schedule import Schedule
 from modelsync.engine.inventory import ready_models
 from modelsync.engine.pull import pull
 from modelsync.engine.reconcile import LoopConfig, Reconciler
-from modelsync.errors import ModelsyncError, UsageError
+from modelsync.errors import ModelsyncError, ScheduleError, UsageError
 from modelsync.metrics import CONTENT_TYPE, DaemonMetrics
 
 log = logging.getLogger("modelsync.daemon")
@@ -107,7 +108,7 @@ class ScheduleWatcher:
                 return
             self._digest = digest
             schedule = parse_schedule_bytes(data, self.path)
-        except ModelsyncError as exc:
+        except ScheduleError as exc:
             self._digest = None
             self._metrics.schedule_refused(exc.code)
             kept = "keeping the last good one" if self._reconciler.schedule else "no schedule loaded yet"

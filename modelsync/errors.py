@@ -5,7 +5,8 @@ it as a single `error: ...` line and exits with its code. Anything else that
 escapes is a bug: the CLI lets it show its traceback and exits 1.
 
     ModelsyncError
-    ├── UsageError (2)              bad arguments, settings, schedule or config file
+    ├── UsageError (2)              bad arguments, settings or config file
+    │   └── ScheduleError           the schedule file is unreadable or invalid
     ├── NotFoundError (3)           bucket, prefix, key or cached model does not exist
     ├── AccessDeniedError (4)       credentials rejected or not allowed
     ├── IntegrityError (5)
@@ -50,6 +51,12 @@ class ModelsyncError(Exception):
 class UsageError(ModelsyncError):
     exit_code = ExitCode.USAGE
     code = "usage"
+
+
+class ScheduleError(UsageError):
+    """A schedule that does not load; its code tells it from a bad request in the daemon's logs."""
+
+    code = "bad_schedule"
 
 
 class NotFoundError(ModelsyncError):

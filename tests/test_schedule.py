@@ -26,7 +26,7 @@ from modelsync.core.schedule import (
     load_schedule,
 )
 from modelsync.core.windows import ALWAYS, CronWindow, Window, current_or_next
-from modelsync.errors import ExitCode, UsageError
+from modelsync.errors import ExitCode, ScheduleError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "modelsync/schema/schedule.schema.json").read_text())
@@ -79,11 +79,12 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> date
 
 
 def load_error(text: str, known_pools: frozenset[str] | None = None) -> str:
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(ScheduleError) as caught:
         load_schedule(text, "schedule.yaml", known_pools)
     message = str(caught.value)
     assert "\n" not in message, message
-    assert caught.value.exit_code == ExitCode.USAGE
+    assert isinstance(caught.value, UsageError) and caught.value.exit_code == ExitCode.USAGE
+    assert caught.value.code == "bad_schedule"
     return message
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from modelsync.core.schedule import MAX_SCHEDULE_BYTES, Schedule, load_schedule
-from modelsync.errors import UsageError
+from modelsync.errors import ScheduleError
 
 
 def read_schedule_bytes(path: Path) -> bytes:
@@ -19,7 +19,7 @@ def read_schedule_bytes(path: Path) -> bytes:
         with path.open("rb") as fh:
             return fh.read(MAX_SCHEDULE_BYTES + 1)
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read the schedule: {exc.strerror or exc}") from None
+        raise ScheduleError(f"{path}: cannot read the schedule: {exc.strerror or exc}") from None
 
 
 def parse_schedule_bytes(data: bytes, path: Path) -> Schedule:
@@ -29,7 +29,7 @@ def parse_schedule_bytes(data: bytes, path: Path) -> Schedule:
     except UnicodeDecodeError as exc:
         if len(data) <= MAX_SCHEDULE_BYTES:
             line = data.count(b"\n", 0, exc.start) + 1
-            raise UsageError(f"{path}:{line}: the schedule is not UTF-8 text") from None
+            raise ScheduleError(f"{path}:{line}: the schedule is not UTF-8 text") from None
         text = data.decode("utf-8", errors="replace")  # cut mid-character by the bounded read
     return load_schedule(text, str(path))
 

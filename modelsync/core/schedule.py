@@ -21,8 +21,10 @@ The file is YAML (format described in docs/schedule.md, JSON Schema in
 
 Everything is checked here, at load, so that a daemon never discovers a bad
 cron expression at fire time: a schedule either loads completely or is refused
-with one `UsageError` line `FILE:LINE: FIELD.PATH: what is wrong`. The daemon
-can then keep its last good schedule and report the bad one.
+with one `ScheduleError` line `FILE:LINE: FIELD.PATH: what is wrong` (a
+`UsageError`, so the CLI exits 2; its code `bad_schedule` marks it in the
+daemon's logs and metrics). The daemon can then keep its last good schedule
+and report the bad one.
 
 The text is hostile until proven otherwise (it arrives by GitOps from many
 hands): its size is checked before parsing, only the safe YAML loader is used,
@@ -43,7 +45,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import parse_duration
 from modelsync.core.windows import ALWAYS, CronWindow, Window, load_zone, validate_cron
-from modelsync.errors import UsageError
+from modelsync.errors import ScheduleError, UsageError
 
 __all__ = [
     "DEFAULT_KEEP_S",
@@ -122,7 +124,7 @@ class Schedule:
 
 
 def load_schedule(text: str, filename: str, known_pools: frozenset[str] | None = None) -> Schedule:
-    """Parse and validate a schedule; any problem is one `UsageError` line with its location.
+    """Parse and validate a schedule; any problem is one `ScheduleError` line with its location.
 
     `known_pools`, when given, is the set of pools that exist (from the cluster);
     a model naming another pool is then refused, which catches typos that would
@@ -130,7 +132,7 @@ def load_schedule(text: str, filename: str, known_pools: frozenset[str] | None =
     """
     size_bytes = len(text.encode("utf-8", errors="surrogatepass"))
     if size_bytes > MAX_SCHEDULE_BYTES:
-        raise UsageError(
+        raise ScheduleError(
             f"{filename}:1: the schedule is {size_bytes} bytes, over the limit of "
             f"{MAX_SCHEDULE_BYTES}; split it or remove unused entries"
         )
@@ -182,8 +184,8 @@ class _BoundedLoader(yaml.SafeLoader):
             raise self._refuse(line, f"aliases expand it beyond {MAX_EXPANDED_NODES} nodes")
         return node
 
-    def _refuse(self, line: int, reason: str) -> UsageError:
-        return UsageError(f"{self._filename}:{line}: YAML refused: {reason}")
+    def _refuse(self, line: int, reason: str) -> ScheduleError:
+        return ScheduleError(f"{self._filename}:{line}: YAML refused: {reason}")
 
 
 def _children(node: Node) -> list[Node]:
@@ -208,25 +210,25 @@ def _compose(loader: _BoundedLoader, text: str, filename: str) -> Node:
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, text, filename) from None
     if root is None:
-        raise UsageError(
+        raise ScheduleError(
             f"{filename}:1: the schedule is empty; it needs 'version: {SCHEDULE_VERSION}' and a 'models' list"
         )
     return root
 
 
-def _yaml_error(exc: yaml.YAMLError, text: str, filename: str) -> UsageError:
+def _yaml_error(exc: yaml.YAMLError, text: str, filename: str) -> ScheduleError:
     """PyYAML's multi-line message as one line at the line it points to."""
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
         problem = " ".join(str(exc.problem or "syntax error").split())
         context = f" ({' '.join(str(exc.context).split())})" if exc.context else ""
-        return UsageError(f"{filename}:{line}: malformed YAML: {problem}{context}")
+        return ScheduleError(f"{filename}:{line}: malformed YAML: {problem}{context}")
     # reader errors carry a character position instead of a mark
     position = int(getattr(exc, "position", 0))
     line = text.count("\n", 0, position) + 1
     reason = " ".join(str(getattr(exc, "reason", "unreadable text")).split())
-    return UsageError(f"{filename}:{line}: malformed YAML: {reason}")
+    return ScheduleError(f"{filename}:{line}: malformed YAML: {reason}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,9 +247,9 @@ class _Reader:
         self._filename = filename
         self._known_pools = known_pools
 
-    def fail(self, node: Node, path: str, message: str) -> UsageError:
+    def fail(self, node: Node, path: str, message: str) -> ScheduleError:
         where = f"{self._filename}:{node.start_mark.line + 1}:"
-        return UsageError(f"{where} {path}: {message}" if path else f"{where} {message}")
+        return ScheduleError(f"{where} {path}: {message}" if path else f"{where} {message}")
 
     # --- the format ---------------------------------------------------------------------
 
@@ -481,7 +483,7 @@ class _Reader:
             return {}
         return self.scalar(node, "")
 
-    def wrong_type(self, node: Node, path: str, expected: str, value: object) -> UsageError:
+    def wrong_type(self, node: Node, path: str, expected: str, value: object) -> ScheduleError:
         got = _TYPE_NAMES.get(type(value), type(value).__name__)
         hint = "; quote it" if expected == "a string" and isinstance(value, bool | int | float) else ""
         return self.fail(node, path, f"expected {expected}, got {got}{hint}")

@@ -42,7 +42,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from modelsync.errors import UsageError
+from modelsync.errors import ScheduleError
 
 __all__ = [
     "ALWAYS",
@@ -118,13 +118,13 @@ class Occurrence:
 
 
 def load_zone(name: str) -> ZoneInfo:
-    """The zone for an IANA name, or `UsageError` naming the bad value."""
+    """The zone for an IANA name, or `ScheduleError` naming the bad value (zones come from schedules)."""
     if not _ZONE_KEY.match(name) or name in _HOST_DEPENDENT_ZONES:
-        raise UsageError(f"unknown time zone {name!r}; use an IANA name such as Europe/Berlin")
+        raise ScheduleError(f"unknown time zone {name!r}; use an IANA name such as Europe/Berlin")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise UsageError(
+        raise ScheduleError(
             f"unknown time zone {name!r}; use an IANA name such as Europe/Berlin"
         ) from None
 
@@ -132,8 +132,8 @@ def load_zone(name: str) -> ZoneInfo:
 def validate_cron(expression: str) -> None:
     """Refuse at load time what would otherwise fail, or differ between nodes, at fire time."""
 
-    def bad(reason: str) -> UsageError:
-        return UsageError(f"invalid cron expression {expression!r} ({reason})")
+    def bad(reason: str) -> ScheduleError:
+        return ScheduleError(f"invalid cron expression {expression!r} ({reason})")
 
     fields = _expand(expression).split()
     if len(fields) != len(_FIELDS):

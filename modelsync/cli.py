@@ -26,6 +26,7 @@ from modelsync.cli_common import (
     Quiet,
     Region,
     build_settings,
+    cold_pull,
     user_errors,
 )
 from modelsync.config import Settings
@@ -74,7 +75,7 @@ def pull(
     if path is not None and verify:
         path = _verify_warm(settings, ref)
     if path is None:
-        path = _cold_pull(settings, ref, quiet)
+        path = cold_pull(settings, ref, quiet)
     cache = Cache(settings.cache_dir)
     cache.touch(ref)
     if lease_s is not None:
@@ -97,21 +98,6 @@ def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
         typer.echo(f"warning: {ref.model_id}/{p.path}: {p.reason}; fetching the model again", err=True)
     cache.unpublish(ref)
     return None
-
-
-def _cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
-    from modelsync.adapters.foreground import announce
-    from modelsync.engine.pull import pull as run_pull
-    from modelsync.progress import StderrProgress
-
-    progress = StderrProgress(ref.model_id, quiet=quiet)
-    try:
-        # announced, so a running daemon pauses its background prefetch for us
-        with announce(settings.cache_dir, ref):
-            result = run_pull(settings, ref, progress)
-    finally:
-        progress.close()
-    return result.path
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""What every command shares: the error-to-exit-code mapping, common options, Settings from flags.
+"""What every command shares: the error-to-exit-code mapping, common options, Settings from flags,
+and the foreground pull that `pull` and `prefetch` (without a daemon) both run.
 
 Kept apart from the command modules so they can all use it without importing each other.
 """
@@ -13,6 +14,7 @@ from typing import Annotated, ParamSpec, TypeVar
 import typer
 
 from modelsync.config import Settings, config_file_from, environment, load_settings
+from modelsync.core.refs import ModelRef
 from modelsync.core.units import parse_size
 from modelsync.errors import ModelsyncError
 
@@ -94,3 +96,23 @@ def build_settings(
     if settings.insecure:
         typer.echo("warning: TLS certificate verification is off (--insecure)", err=True)
     return settings
+
+
+def cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
+    """Pull `ref` in this process with progress on stderr, announced as a foreground pull.
+
+    The announcement makes a running daemon pause its background prefetch, so a
+    pod's init container gets the node's bandwidth. The engine is imported here,
+    not at the top, so commands that never pull (a warm pull, ls) stay fast.
+    """
+    from modelsync.adapters.foreground import announce
+    from modelsync.engine.pull import pull
+    from modelsync.progress import StderrProgress
+
+    progress = StderrProgress(ref.model_id, quiet=quiet)
+    try:
+        with announce(settings.cache_dir, ref):
+            result = pull(settings, ref, progress)
+    finally:
+        progress.close()
+    return result.path

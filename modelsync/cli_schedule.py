@@ -24,6 +24,7 @@ from modelsync.cli_common import (
     Quiet,
     Region,
     build_settings,
+    cold_pull,
 )
 from modelsync.config import environment
 from modelsync.core.refs import ModelRef
@@ -190,7 +191,6 @@ def prefetch(
 ) -> None:
     """Ask the running daemon to stage models now and print their paths; without one, pull them here."""
     from modelsync import api
-    from modelsync.cli import _cold_pull  # the same standalone pull as `modelsync pull`
     from modelsync.engine.ready import warm_path
 
     refs = _resolve_models(models, schedule)
@@ -205,7 +205,7 @@ def prefetch(
         reply = None
     if reply is None:
         for ref in refs:
-            typer.echo(str(warm_path(settings.cache_dir, ref) or _cold_pull(settings, ref, quiet)))
+            typer.echo(str(warm_path(settings.cache_dir, ref) or cold_pull(settings, ref, quiet)))
         return
     if not reply.get("ok"):
         raise api.error_from_reply(reply)

@@ -334,3 +334,16 @@ def test_daemon_stays_healthy_and_ready_while_s3_is_unreachable(
     failure = daemon.wait_for_log(lambda e: e.get("level") == "error")
     assert failure["code"] == "remote_unavailable" and failure["model"] == "m5"
     assert daemon.stop()[0] == 0
+
+
+def test_prefetch_without_a_daemon_pulls_the_model_itself_as_a_foreground_pull(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env
+) -> None:
+    upload(moto_subprocess_s3_env, "models", "org/m6/r1/", {"w.bin": payload(MiB, 6)})
+    cache = tmp_path / "cache"
+    result = run_cli(
+        moto_subprocess_s3_env.subprocess_env(), "prefetch", "models/org/m6/r1", "--cache-dir", str(cache)
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(cache / "models/org/m6/r1")
+    assert (cache / "models/org/m6/r1/w.bin").read_bytes() == payload(MiB, 6)

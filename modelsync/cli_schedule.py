@@ -92,7 +92,7 @@ def plan(
     from modelsync.core.plan import parse_instant, plan_json, plan_node, render_plan
     from modelsync.core.units import parse_size
     from modelsync.engine.evict import budget_bytes
-    from modelsync.engine.inventory import ready_models, remote_sizes
+    from modelsync.engine.inventory import RemoteSizes, ready_models, remote_sizes
 
     loaded = read_schedule(schedule)
     pool_name = _pool(pool)
@@ -108,11 +108,13 @@ def plan(
     )
     cached = ready_models(Cache(settings.cache_dir))
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in cached]
-    sizes = {} if offline else remote_sizes(settings, missing)
+    sizes = RemoteSizes({}, {}) if offline else remote_sizes(settings, missing)
+    for model_id, reason in sizes.unknown.items():
+        typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
     rate = parse_size(_rate(bandwidth) or "0") or settings.max_bandwidth_bytes_per_s
     limit = parse_size(budget) if budget else budget_bytes(settings)
     node_plan = plan_node(
-        loaded, pool_name, now, cached, limit, float(rate) or None, sizes, settings.in_use_grace_s
+        loaded, pool_name, now, cached, limit, float(rate) or None, sizes.known, settings.in_use_grace_s
     )
     if json_output:
         typer.echo(json.dumps(plan_json(node_plan), indent=2))

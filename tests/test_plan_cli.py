@@ -78,3 +78,26 @@ def test_plan_prints_the_table_and_json_for_an_instant_in_the_schedule_time_zone
     assert data["fetch"] == ["models/deepseek-ai/DeepSeek-V3/2025-03-24"]
     assert data["models"][0]["window_start"] == "2026-05-03T23:00:00Z"
     assert data["fits"] is True
+
+
+def test_plan_warns_once_per_model_whose_size_s3_cannot_tell(
+    tmp_path: Path, child_env: dict[str, str]
+) -> None:
+    missing = "".join(
+        f"  - source: s3://no-such-bucket/org/{name}/1/\n    pools: [b300-serving]\n    windows: [always]\n"
+        for name in ("a", "b")
+    )
+    path = tmp_path / "schedule.yaml"
+    path.write_text("version: 1\nmodels:\n" + missing)
+    result = subprocess.run(
+        [sys.executable, "-m", "modelsync", "plan", "--schedule", str(path), "--pool", "b300-serving",
+         "--cache-dir", str(tmp_path / "cache")],
+        capture_output=True, text=True, timeout=60, env=child_env,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(" unknown: ")[0] for line in lines] == [
+        "warning: size of no-such-bucket/org/a/1",
+        "warning: size of no-such-bucket/org/b/1",
+    ], lines
+    assert "(2 of unknown size not counted)" in result.stdout

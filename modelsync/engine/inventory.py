@@ -2,13 +2,14 @@
 
 The plan itself is pure (core/plan.py); these are its two inputs that take
 I/O. Sizes are best effort by design: a size S3 cannot tell (unreachable,
-denied, missing) is unknown, which the plan shows instead of failing.
+denied, missing) is unknown, with the reason for the caller to report, and the
+plan shows it as unknown instead of failing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+from dataclasses import dataclass
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.s3 import S3, open_s3
@@ -18,8 +19,6 @@ from modelsync.core.plan import CachedModel
 from modelsync.core.refs import ModelRef
 from modelsync.engine.catalog import READY, open_catalog
 from modelsync.errors import ModelsyncError
-
-log = logging.getLogger(__name__)
 
 #: how long `modelsync plan` waits for S3 to tell model sizes before showing them as unknown
 SIZES_TIMEOUT_S = 15.0
@@ -41,27 +40,36 @@ def ready_models(cache: Cache) -> dict[str, CachedModel]:
         }
 
 
-def remote_sizes(
-    settings: Settings, refs: list[ModelRef], timeout_s: float = SIZES_TIMEOUT_S
-) -> dict[str, int]:
-    """Bytes of each model in S3 (manifest sizes, else a listing); models S3 cannot tell are left out."""
+@dataclass(frozen=True, slots=True)
+class RemoteSizes:
+    #: model id -> total bytes in S3
+    known: dict[str, int]
+    #: model id -> why S3 could not tell its size; the caller decides how to report it
+    unknown: dict[str, str]
+
+
+def remote_sizes(settings: Settings, refs: list[ModelRef], timeout_s: float = SIZES_TIMEOUT_S) -> RemoteSizes:
+    """Bytes of each model in S3 (manifest sizes, else a listing), and why the others are unknown."""
     if not refs:
-        return {}
+        return RemoteSizes({}, {})
     return asyncio.run(_sizes(settings, refs, timeout_s))
 
 
-async def _sizes(settings: Settings, refs: list[ModelRef], timeout_s: float) -> dict[str, int]:
-    sizes: dict[str, int] = {}
+async def _sizes(settings: Settings, refs: list[ModelRef], timeout_s: float) -> RemoteSizes:
+    known: dict[str, int] = {}
+    unknown: dict[str, str] = {}
     try:
         async with asyncio.timeout(timeout_s), open_s3(settings) as s3:
             for ref in refs:
                 try:
-                    sizes[ref.model_id] = await model_bytes(s3, ref)
+                    known[ref.model_id] = await model_bytes(s3, ref)
                 except ModelsyncError as exc:
-                    log.warning("size of %s unknown: %s", ref.uri, exc, extra={"code": exc.code})
+                    unknown[ref.model_id] = str(exc)
     except TimeoutError:
-        log.warning("S3 did not tell every model size within %.0f s", timeout_s)
-    return sizes
+        for ref in refs:
+            if ref.model_id not in known:
+                unknown.setdefault(ref.model_id, f"S3 did not answer within {timeout_s:g} s")
+    return RemoteSizes(known, unknown)
 
 
 async def model_bytes(s3: S3, ref: ModelRef) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import disable_created_metrics
 
 from modelsync import api
 from modelsync.adapters.foreground import live_foreground
@@ -42,7 +43,7 @@ from modelsync.config import Settings
 from modelsync.core.plan import plan_json
 from modelsync.core.refs import parse_model_name
 from modelsync.core.schedule import Schedule
-from modelsync.engine.inventory import ready_models
+from modelsync.engine.inventory import ready_models, remote_sizes
 from modelsync.engine.pull import pull
 from modelsync.engine.reconcile import LoopConfig, Reconciler
 from modelsync.errors import ModelsyncError, ScheduleError, UsageError
@@ -77,6 +78,9 @@ def parse_listen(text: str) -> tuple[str, int]:
 def run_daemon(settings: Settings, options: DaemonOptions) -> None:
     """Serve until SIGTERM or SIGINT."""
     configure_logging(options.json_logs)
+    # Every counter would export a `_created` twin holding its start time: twice the
+    # series, and no use for a daemon that restarts only with its process.
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
     asyncio.run(_serve(settings, options))
 
 
@@ -141,7 +145,9 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = DaemonMetrics()
-    reconciler = Reconciler(settings, options.loop, metrics, pull, ready_models, live_foreground)
+    reconciler = Reconciler(
+        settings, options.loop, metrics, pull, ready_models, live_foreground, remote_sizes
+    )
     reconciler.cache.ensure()
     watcher = ScheduleWatcher(options.schedule_path, reconciler, metrics)
     watcher.poll()

@@ -86,7 +86,7 @@ class DaemonMetrics:
             registry=r,
         )
         self.evictions = Counter(
-            "modelsync_evictions", "Ready models that left the cache while the daemon watched.", registry=r
+            "modelsync_evictions", "Ready models the daemon's pulls evicted to make room.", registry=r
         )
         self.verification_failures = Counter(
             "modelsync_verification_failures", "Pulls that failed an integrity check.", registry=r

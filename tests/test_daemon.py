@@ -51,18 +51,26 @@ def upload(env: S3Env, bucket: str, prefix: str, files: dict[str, bytes]) -> Non
 
 
 def schedule_text(models: list[tuple[str, str, str]]) -> str:
-    """(name, source, window) entries; window is 'soon' (prefetch now), 'later' or 'always'."""
+    """(name, source, window) entries; window is 'soon' (prefetch now), 'later', 'always',
+    'closed' (a one-minute window that closed 2-3 minutes ago, so its keep of 1m has passed)
+    or 'kept' (the same window with a keep of 1h, so the model is still protected)."""
     soon = (datetime.now(UTC) + timedelta(minutes=3)).replace(second=0, microsecond=0)
+    past = soon - timedelta(minutes=6)
+    closed = f'[{{cron: "{past.minute} {past.hour} * * *", duration: 1m}}]'
     windows = {
         "soon": f'[{{cron: "{soon.minute} {soon.hour} * * *", duration: 10m}}]',
         "later": f'[{{cron: "{soon.minute} {(soon.hour + 12) % 24} * * *", duration: 10m}}]',
         "always": "[always]",
+        "closed": closed,
+        "kept": closed,
     }
     lines = ["version: 1", "timezone: UTC", "defaults: {lead: 10m, keep: 1m}"]
     lines.append("models:" if models else "models: []")
     for name, source, window in models:
         lines += [f"  - name: {name}", f"    source: {source}", f"    pools: [{POOL}]"]
         lines.append(f"    windows: {windows[window]}")
+        if window == "kept":
+            lines.append("    keep: 1h")
     return "\n".join(lines) + "\n"
 
 
@@ -347,3 +355,72 @@ def test_prefetch_without_a_daemon_pulls_the_model_itself_as_a_foreground_pull(
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(cache / "models/org/m6/r1")
     assert (cache / "models/org/m6/r1/w.bin").read_bytes() == payload(MiB, 6)
+
+
+def budget_env(env: S3Env, budget: str) -> dict[str, str]:
+    """A cache budget, and an in-use grace short enough that recency protects nothing in a test."""
+    return {**env.subprocess_env(), "MODELSYNC_CACHE_MAX_BYTES": budget, "MODELSYNC_IN_USE_GRACE": "1s"}
+
+
+def stage_with_pull(env: dict[str, str], cache: Path, source: str) -> None:
+    pulled = run_cli(env, "pull", source, "--quiet", "--cache-dir", str(cache))
+    assert pulled.returncode == 0, pulled.stderr
+    time.sleep(1.2)  # past the in-use grace: only the schedule can protect it now
+
+
+def test_daemon_evicts_a_model_past_its_keep_time_to_stage_the_next_and_counts_the_eviction(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    for name in ("a", "b"):
+        upload(moto_subprocess_s3_env, "models", f"org/{name}/r1/", {"w.bin": payload(2 * MiB, ord(name))})
+    env = budget_env(moto_subprocess_s3_env, "3Mi")  # room for one model of two
+    cache = tmp_path / "cache"
+    stage_with_pull(env, cache, "s3://models/org/a/r1/")
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(
+        schedule_text([("a", "s3://models/org/a/r1/", "closed"), ("b", "s3://models/org/b/r1/", "soon")])
+    )
+    daemon = start_daemon(schedule, env)
+
+    wait_until(lambda: (cache / "models/org/b/r1/w.bin").exists(), what="b is staged")
+    assert not (cache / "models/org/a/r1").exists(), "a made room for b"
+    wait_until(lambda: daemon.metric("modelsync_evictions_total") == 1, what="the eviction is counted")
+    evicted = daemon.wait_for_log(lambda e: "evicted" in e)
+    assert evicted["evicted"] == ["models/org/a/r1"] and evicted["model"] == "b"
+    assert daemon.metric("modelsync_fetched_bytes_total") == 2 * MiB
+    wait_until(lambda: daemon.metric("modelsync_cache_used_bytes") == 2 * MiB, what="the cache is re-read")
+    assert daemon.metric("modelsync_schedule_fits_budget") == 1
+    assert "_created" not in daemon.get("/metrics")[1], "no _created twin series"
+    assert daemon.stop()[0] == 0
+
+
+def test_daemon_never_evicts_a_model_within_its_keep_time_and_reports_the_misfit_without_thrashing(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    for name in ("a", "b"):
+        upload(moto_subprocess_s3_env, "models", f"org/{name}/r1/", {"w.bin": payload(2 * MiB, ord(name))})
+    env = budget_env(moto_subprocess_s3_env, "3Mi")
+    cache = tmp_path / "cache"
+    stage_with_pull(env, cache, "s3://models/org/a/r1/")
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(
+        schedule_text([("a", "s3://models/org/a/r1/", "kept"), ("b", "s3://models/org/b/r1/", "soon")])
+    )
+    daemon = start_daemon(schedule, env)
+
+    misfit = daemon.wait_for_log(lambda e: e.get("code") == "over_budget")
+    assert misfit["level"] == "error"
+    assert daemon.metric("modelsync_schedule_fits_budget") == 0
+    failed = daemon.wait_for_log(lambda e: e.get("code") == "disk_full")
+    assert failed["model"] == "b"
+    time.sleep(3)
+    attempts = daemon.metric("modelsync_pull_failures_total", code="disk_full") or 0
+    assert 1 <= attempts <= 4, f"{attempts} attempts in about 3 s: retries must back off"
+    assert (cache / "models/org/a/r1/w.bin").exists(), "a is within its keep time"
+    assert not (cache / "models/org/b/r1").exists()
+    assert daemon.metric("modelsync_evictions_total") == 0
+
+    plan = run_cli(env, "plan", "--schedule", str(schedule), "--pool", POOL, "--cache-dir", str(cache))
+    assert plan.returncode == 0, plan.stderr
+    assert "fits the budget: NO" in plan.stdout
+    assert daemon.stop()[0] == 0

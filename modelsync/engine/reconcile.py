@@ -15,7 +15,15 @@ sequences them:
   bandwidth cap, which makes ready times predictable (the plan assumes it).
 - **Backoff.** A failed model is retried after 2^n seconds (capped, jittered)
   while the loop goes on with others and keeps serving; an S3 outage thus
-  costs one cheap attempt per model per backoff period.
+  costs one cheap attempt per model per backoff period. A schedule too big
+  for the budget fails the same way (`disk_full`), so it never thrashes.
+- **Sizes.** A fetch whose size nobody knows counts as 0 bytes in the plan,
+  which would call an over-budget schedule fitting; the loop asks S3 for such
+  sizes in the background (again after `SIZE_RETRY_S` when S3 cannot tell),
+  so the misfit is logged and exported before a pull fails for want of room.
+- **Evictions** are counted from what each pull's space reservation reports,
+  not inferred from models that left the cache (an operator's `modelsync
+  evict` is not the daemon's doing).
 - **Foreground first.** While a foreground pull is announced (adapters/
   foreground.py), background work pauses: a running pull of another model is
   cancelled (it resumes from its journal later) and none starts. A running
@@ -34,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
@@ -41,7 +50,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
@@ -51,14 +60,18 @@ from modelsync.core.refs import ModelRef
 from modelsync.core.schedule import Schedule
 from modelsync.engine.events import PullEvents
 from modelsync.engine.evict import budget_bytes
+from modelsync.engine.inventory import RemoteSizes
 from modelsync.engine.pull import PullCancelledError, PullResult
 from modelsync.errors import IntegrityError, ModelsyncError, UsageError
 from modelsync.metrics import DaemonMetrics
 
 log = logging.getLogger("modelsync.daemon")
+_T = TypeVar("_T")
 
 #: the longest a failed model waits before its next attempt
 MAX_RETRY_S = 300.0
+#: how long before asking S3 again for a size it could not tell
+SIZE_RETRY_S = 300.0
 
 
 class Puller(Protocol):
@@ -145,6 +158,7 @@ class Reconciler:
         puller: Puller,
         inventory: Callable[[Cache], dict[str, CachedModel]],
         foreground: Callable[[Path], frozenset[str]],
+        sizer: Callable[[Settings, list[ModelRef]], RemoteSizes],
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -155,6 +169,7 @@ class Reconciler:
         self._puller = puller
         self._inventory = inventory
         self._foreground = foreground
+        self._sizer = sizer
         self._wall_clock = wall_clock
         self._clock = clock
         self.schedule: Schedule | None = None
@@ -167,7 +182,8 @@ class Reconciler:
         self._eligible_at: dict[str, float] = {}
         self._refresh_at: dict[str, float] = {}
         self._sizes: dict[str, int] = {}
-        self._ready: set[str] | None = None
+        self._size_due: dict[str, float] = {}
+        self._sizing = False
         self._dirty = True
         self._wake = asyncio.Event()
 
@@ -235,15 +251,46 @@ class Reconciler:
         except ModelsyncError as exc:
             log.error("reconcile failed: %s", exc, extra={"code": exc.code})
             return
-        if self._ready is not None:
-            self.metrics.evictions.inc(len(self._ready - cached.keys()))
-        self._ready = set(cached)
         if plan.fits != (self.plan.fits if self.plan is not None else True):
             level = logging.INFO if plan.fits else logging.ERROR
             log.log(level, "cache budget: %s", plan.eviction.describe()[0], extra={"code": "over_budget"})
         self.plan = plan
         self._track_eligibility(plan)
+        self._learn_sizes(plan)
         self.metrics.observe_plan(plan, time.time())
+
+    def _learn_sizes(self, plan: NodePlan) -> None:
+        """Ask S3, in a background thread, for the sizes of planned fetches nobody knows yet."""
+        if self._sizing:
+            return
+        now = self._clock()
+        refs = [
+            ref
+            for m in plan.fetch
+            if m.size_bytes is None
+            and self._size_due.get(m.model_id, -math.inf) <= now
+            and (ref := self._scheduled_ref(m.model_id)) is not None
+        ]
+        if not refs:
+            return
+        for ref in refs:
+            self._size_due[ref.model_id] = now + SIZE_RETRY_S
+        self._sizing = True
+        future = _in_daemon_thread(lambda: self._sizer(self.settings, refs), "modelsync-sizes")
+        future.add_done_callback(self._sized)
+
+    def _sized(self, future: asyncio.Future[RemoteSizes]) -> None:
+        self._sizing = False
+        exc = future.exception()
+        if exc is not None:
+            log.error("looking up model sizes failed (a bug)", exc_info=exc)
+            return
+        sizes = future.result()
+        for model_id, reason in sizes.unknown.items():
+            log.warning("size of %s unknown: %s", model_id, reason, extra={"model": model_id})
+        if sizes.known:
+            self._sizes.update(sizes.known)
+            self._changed()
 
     # -- choosing and starting work ------------------------------------------------------
 
@@ -287,7 +334,8 @@ class Reconciler:
                 cancel=job.cancel,
                 protected=protected,
                 refresh=job.refresh,
-            )
+            ),
+            "modelsync-prefetch",
         )
         future.add_done_callback(lambda f: self._finished(job, f))
 
@@ -345,6 +393,14 @@ class Reconciler:
         model_id = job.ref.model_id
         self._retries.pop(model_id, None)
         self._sizes[model_id] = result.total_bytes
+        if result.evicted:
+            self.metrics.evictions.inc(len(result.evicted))
+            log.info(
+                "evicted %s to make room for %s",
+                ", ".join(result.evicted),
+                job.label,
+                extra={"model": job.label, "evicted": list(result.evicted)},
+            )
         if job.refresh:
             if result.fetched_bytes:
                 log.info("%s changed at its source and was refreshed", job.label, extra={"model": job.label})
@@ -420,12 +476,12 @@ async def _first(*waits: Coroutine[Any, Any, object]) -> None:
             task.cancel()
 
 
-def _in_daemon_thread(work: Callable[[], PullResult]) -> asyncio.Future[PullResult]:
+def _in_daemon_thread(work: Callable[[], _T], name: str) -> asyncio.Future[_T]:
     """Run `work` in a daemon thread; the future resolves on the calling loop."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[PullResult] = loop.create_future()
+    future: asyncio.Future[_T] = loop.create_future()
 
-    def deliver(result: PullResult | None, exc: BaseException | None) -> None:
+    def deliver(result: _T | None, exc: BaseException | None) -> None:
         if future.done():
             return
         if exc is not None:
@@ -444,5 +500,5 @@ def _in_daemon_thread(work: Callable[[], PullResult]) -> asyncio.Future[PullResu
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(deliver, result, None)
 
-    threading.Thread(target=target, name="modelsync-prefetch", daemon=True).start()
+    threading.Thread(target=target, name=name, daemon=True).start()
     return future

@@ -424,3 +424,49 @@ def test_daemon_never_evicts_a_model_within_its_keep_time_and_reports_the_misfit
     assert plan.returncode == 0, plan.stderr
     assert "fits the budget: NO" in plan.stdout
     assert daemon.stop()[0] == 0
+
+
+def test_a_foreground_pull_pauses_the_daemons_prefetch_which_then_resumes_from_its_journal(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    size = 10 * MiB
+    upload(moto_subprocess_s3_env, "models", "org/slow/r1/", {"slow.bin": payload(size, 7)})
+    upload(moto_subprocess_s3_env, "models", "org/fg/r1/", {"fg.bin": payload(3 * MiB, 8)})
+    cache = tmp_path / "cache"
+    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
+        env = moto_subprocess_s3_env.via(proxy.endpoint_url).subprocess_env()
+        schedule = tmp_path / "schedule.yaml"
+        schedule.write_text(schedule_text([("slow", "s3://models/org/slow/r1/", "always")]))
+        # one part at a time, so the journal holds every part finished before the pause
+        daemon = start_daemon(
+            schedule, env, "--max-bandwidth", "2Mi/s", "--part-size", "1Mi", "--concurrency", "1"
+        )
+        wait_until(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) >= 2 * MiB, what="prefetch")
+
+        foreground = subprocess.Popen(
+            [sys.executable, "-m", "modelsync", "pull", "s3://models/org/fg/r1/", "--quiet",
+             "--max-bandwidth", "1Mi", "--cache-dir", str(cache)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            wait_until(lambda: daemon.metric("modelsync_prefetch_paused") == 1, what="the prefetch pauses")
+            daemon.wait_for_log(lambda e: "resumes later" in str(e.get("msg")))
+            paused_at = daemon.metric("modelsync_fetched_bytes_total")
+            time.sleep(0.7)
+            assert daemon.metric("modelsync_fetched_bytes_total") == paused_at, "nothing fetched while paused"
+            assert daemon.metric("modelsync_prefetch_paused") == 1 and foreground.poll() is None
+            out, err = foreground.communicate(timeout=30)
+        finally:
+            if foreground.poll() is None:
+                foreground.kill()
+                foreground.communicate()
+        assert foreground.returncode == 0, err
+        assert out.strip() == str(cache / "models/org/fg/r1")
+
+        wait_until(lambda: (cache / "models/org/slow/r1/slow.bin").exists(), what="the prefetch resumes")
+        assert (cache / "models/org/slow/r1/slow.bin").read_bytes() == payload(size, 7)
+        assert daemon.metric("modelsync_prefetch_paused") == 0
+        # a refetch from scratch would add the 2+ MiB fetched before the pause; a resume
+        # repeats at most the one part that was in flight
+        assert proxy.bytes_sent("slow.bin") <= size + MiB
+    assert daemon.stop()[0] == 0

@@ -419,6 +419,8 @@ class Cache:
         """Live reservations by slug; one whose pull died (lock free) is dropped on the way."""
         live = {}
         for marker in _listdir(self.reservations_dir):
+            if marker.name.startswith("."):
+                continue  # a marker still being written (fs.write_atomic's temporary name): not ours to drop
             try:
                 n_bytes = int(json.loads(marker.read_bytes())["bytes"])
             except (OSError, ValueError, KeyError, TypeError):

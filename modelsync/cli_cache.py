@@ -157,7 +157,7 @@ def verify(
     config: ConfigFile = None,
     quiet: Quiet = False,
 ) -> None:
-    """Check cached models; a damaged one is quarantined (no longer served), --repair refetches its bad files."""
+    """Check cached models; a damaged one is quarantined (not served); --repair refetches its bad files."""
     from modelsync.engine.maintain import verify as run_verify
 
     settings = build_settings(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config)

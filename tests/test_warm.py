@@ -63,13 +63,13 @@ def test_a_warm_pull_records_the_use(tmp_path: Path) -> None:
         ["ls"],
         ["pull", "s3://models/"],
         ["pull", "s3://models/org/other/"],
-        ["pull", SOURCE, "--cache-dir"],
-        ["pull", SOURCE, "--cache-dir", "a", "--cache-dir", "b"],
+        ["pull", SOURCE, "--cache-dir", "elsewhere", "--cache-dir"],
+        ["pull", SOURCE, "--cache-dir", "elsewhere"],
     ],
 )
 def test_anything_but_a_plain_pull_of_a_ready_model_falls_through(tmp_path: Path, argv: list[str]) -> None:
     make_ready(tmp_path)
-    assert try_warm_pull([*argv, "--cache-dir", str(tmp_path)] if "--cache-dir" not in argv else argv, {}) is None
+    assert try_warm_pull(argv, {"MODELSYNC_CACHE_DIR": str(tmp_path)}) is None
 
 
 def test_a_damaged_ready_model_falls_through_to_the_full_pull(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ class RangeClient:
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 30.0,
-        buffer_bytes: int = 4 * 1024 * 1024,
+        buffer_bytes: int = 1024 * 1024,
         rate_limiter: RateLimiter | None = None,
         wait_all: bool = True,
     ) -> None:

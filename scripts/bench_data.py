@@ -107,8 +107,7 @@ def prepare(ds: DataSet, data_root: Path, log: Callable[[str], None] = print) ->
     if digests is None:
         log(f"generating {ds.name}: {ds.count} files, {ds.total_bytes / GiB:.2f} GiB ...")
         digests = _generate(ds, data_root)
-        marker = {"files": [[p, s] for p, s in ds.files], "xxh3_128": digests}
-        (data_root / f"{ds.name}{_MARKER}").write_text(json.dumps(marker))
+        _write_marker(ds, data_root, digests)
     model_dir = ds.model_dir(data_root)
     entries = tuple(
         FileEntry(path=p, size=s, xxh3_128=digests[p], etag=_nginx_etag(model_dir / p))
@@ -119,6 +118,33 @@ def prepare(ds: DataSet, data_root: Path, log: Callable[[str], None] = print) ->
     if not target.exists() or target.read_bytes() != manifest:
         target.write_bytes(manifest)
     return Prepared(ds, entries)
+
+
+def link_subset(src: DataSet, name: str, paths: list[str], data_root: Path) -> DataSet:
+    """A new data set (bucket `name`) of some of `src`'s files, hard-linked, not copied.
+
+    Why links: a second copy of gigabytes would cost disk and, worse, page cache on a
+    shared machine. A link keeps the mtime, so nginx serves the same ETag, and the
+    digests come from `src`'s marker; call `prepare` on the result for its manifest.
+    `src` must be prepared first.
+    """
+    digests = _load_marker(src, data_root)
+    if digests is None:
+        raise ValueError(f"{src.name} is not generated in {data_root}")
+    sizes = dict(src.files)
+    ds = DataSet(name, tuple((p, sizes[p]) for p in paths))
+    if _load_marker(ds, data_root) is None:
+        shutil.rmtree(data_root / ds.bucket, ignore_errors=True)
+        ds.model_dir(data_root).mkdir(parents=True)
+        for path in paths:
+            os.link(src.model_dir(data_root) / path, ds.model_dir(data_root) / path)
+        _write_marker(ds, data_root, {p: digests[p] for p in paths})
+    return ds
+
+
+def _write_marker(ds: DataSet, data_root: Path, digests: dict[str, str]) -> None:
+    marker = {"files": [[p, s] for p, s in ds.files], "xxh3_128": digests}
+    (data_root / f"{ds.name}{_MARKER}").write_text(json.dumps(marker))
 
 
 def _nginx_etag(path: Path) -> str:

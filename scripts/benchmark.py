@@ -489,19 +489,29 @@ def table_lines(rows: list[Summary], ds: DataSet, dest: str, rounds: int, md: bo
             _fmt(s.cpu_s_per_gib, ".2f"), _fmt(s.peak_rss_mib, ".0f"),
             _fmt(s.time_vs_modelsync, ".2f"),
         ])
-    errors = [f"  {s.contender}: {e}" for s in rows for e in sorted(set(s.errors))]
+    errors = [f"{s.contender}: {e}" for s in rows for e in sorted(set(s.errors))]
+    return render_table(title, head, body, errors, md)
+
+
+def render_table(title: str, head: list[str], body: list[list[str]], errors: list[str],
+                 md: bool) -> list[str]:
+    """One table as text lines: aligned columns for the terminal, or a markdown section.
+
+    Shared with scripts/bench_curves.py so every table of the benchmark reads alike.
+    """
     if md:
         lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
                  "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in body]
-        return [*lines, "", *(f"- error: {e.strip()}" for e in errors), *([""] if errors else [])]
+        return [*lines, "", *(f"- error: {e}" for e in errors), *([""] if errors else [])]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
 
     def fmt(row: list[str]) -> str:
         cells = zip(row, widths, strict=True)
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells))
 
-    return [title, fmt(head), *map(fmt, body), *(("errors:", *errors) if errors else ()), ""]
+    listed = ("errors:", *(f"  {e}" for e in errors)) if errors else ()
+    return [title, fmt(head), *map(fmt, body), *listed, ""]
 
 
 # --------------------------------------------------------------------------- the run
@@ -751,12 +761,17 @@ def run_rounds(contenders: list[Contender], prep: Prepared, dest_kind: str, base
             yield run
 
 
+def machine_info() -> dict[str, object]:
+    """What a result was measured on, for the JSON record (shared with bench_curves.py)."""
+    return {"cpus": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
 def write_outputs(args: argparse.Namespace, contenders: list[Contender], runs: list[Run],
                   summaries: list[Summary], warm: WarmPull | None, markdown: list[str]) -> None:
     now = dt.datetime.now(dt.UTC)
     command = "scripts/bench " + " ".join(sys.argv[1:])
-    machine = {"cpus": os.cpu_count(), "kernel": platform.release(),
-               "python": platform.python_version(), "machine": platform.machine()}
+    machine = machine_info()
     doc = {
         "started_utc": now.isoformat(timespec="seconds"), "command": command,
         "small": args.small, "endpoint": args.endpoint, "rounds": args.rounds,

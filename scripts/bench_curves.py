@@ -399,6 +399,8 @@ def write_outputs(args: argparse.Namespace, report: list[dict[str, object]],
         "versions": benchmark.versions(contenders),
         "settings": {c.name: c.settings for c in contenders},
         "modelsync_default_concurrency": DEFAULT_CONCURRENCY,
+        # a shared machine: other jobs' load at the end of the run, for the reader to judge
+        "loadavg_at_end": Path("/proc/loadavg").read_text().split()[:3],
         "curves": report,
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)

@@ -1,19 +1,28 @@
-"""Hashing files already on local disk: the one read pass that verifies a pull.
+"""Hashing files on local disk, front to back, while their later parts are still arriving.
 
-The pass reads from the page cache right after the download, in a worker
-thread; xxhash and hashlib release the GIL on large buffers, so it overlaps
-with the transfers still running. The buffer is the only memory it takes.
+Parts of a file land in any order, but xxh3-128 and MD5 must see the bytes in
+order. A `PrefixHasher` follows the contiguous prefix of landed parts and hashes
+each newly completed stretch straight from the page cache, so when the last part
+lands almost nothing is left to hash: the verification pass overlaps with the
+download instead of following it.
+
+It reads through read-only mmap windows rather than pread into a buffer: the
+hash then reads the page cache in place, without a copy (measured in
+docs/perf-lab.md: about a quarter of the CPU of a pread pass). xxhash and hashlib
+release the GIL on large buffers, so hashing runs beside the transfer threads.
+Memory: one window mapping at a time per hasher.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
+import mmap
 from dataclasses import dataclass
 
 import xxhash
 
-HASH_BUFFER_BYTES = 8 * 1024 * 1024
+#: bytes mapped at a time
+WINDOW_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,31 +32,57 @@ class FileDigest:
     part_md5s: tuple[bytes, ...] = ()
 
 
+class PrefixHasher:
+    """xxh3-128 (and optionally per-part MD5s) of `[0, size)`, fed in increasing prefixes."""
+
+    def __init__(self, size_bytes: int, md5_part_bytes: int | None = None) -> None:
+        self.size_bytes = size_bytes
+        #: everything before this offset has been hashed
+        self.position = 0
+        self._xxh = xxhash.xxh3_128()
+        self._md5_part_bytes = md5_part_bytes
+        self._md5 = hashlib.md5() if md5_part_bytes else None
+        self._in_part = 0
+        self._part_md5s: list[bytes] = []
+
+    def feed(self, fd: int, end: int) -> None:
+        """Hash `[position, end)` of `fd`; blocking, so callers run it in a worker thread."""
+        end = min(end, self.size_bytes)
+        while self.position < end:
+            aligned = self.position - self.position % mmap.ALLOCATIONGRANULARITY
+            length = min(WINDOW_BYTES, end - aligned)
+            with mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=aligned) as window:
+                view = memoryview(window)
+                try:
+                    self._update(view[self.position - aligned :])
+                finally:
+                    view.release()
+            self.position = aligned + length
+
+    def _update(self, data: memoryview) -> None:
+        self._xxh.update(data)
+        if self._md5 is None or not self._md5_part_bytes:
+            return
+        while len(data):
+            take = min(len(data), self._md5_part_bytes - self._in_part)
+            self._md5.update(data[:take])
+            self._in_part += take
+            data = data[take:]
+            if self._in_part == self._md5_part_bytes:
+                self._part_md5s.append(self._md5.digest())
+                self._md5, self._in_part = hashlib.md5(), 0
+
+    def digest(self) -> FileDigest:
+        if self.position != self.size_bytes:
+            raise RuntimeError(f"hashed {self.position} of {self.size_bytes} bytes")
+        md5s = list(self._part_md5s)
+        if self._md5 is not None and (self._in_part or not md5s):
+            md5s.append(self._md5.digest())  # the last, shorter part (or an empty file)
+        return FileDigest(xxh3_128=self._xxh.hexdigest(), part_md5s=tuple(md5s))
+
+
 def hash_fd(fd: int, size_bytes: int, md5_part_bytes: int | None = None) -> FileDigest:
-    """xxh3-128 of the first `size_bytes` of `fd`, and optionally MD5s per part."""
-    xxh = xxhash.xxh3_128()
-    part_md5s: list[bytes] = []
-    md5 = hashlib.md5() if md5_part_bytes else None
-    in_part = 0
-    buf = bytearray(min(HASH_BUFFER_BYTES, max(size_bytes, 1)))
-    view = memoryview(buf)
-    offset = 0
-    while offset < size_bytes:
-        want = min(len(buf), size_bytes - offset)
-        if md5_part_bytes:
-            want = min(want, md5_part_bytes - in_part)
-        n = os.preadv(fd, [view[:want]], offset)
-        if n == 0:
-            raise EOFError(f"file shorter than {size_bytes} bytes")
-        chunk = view[:n]
-        xxh.update(chunk)
-        if md5 is not None and md5_part_bytes:
-            md5.update(chunk)
-            in_part += n
-            if in_part == md5_part_bytes:
-                part_md5s.append(md5.digest())
-                md5, in_part = hashlib.md5(), 0
-        offset += n
-    if md5 is not None and in_part:
-        part_md5s.append(md5.digest())
-    return FileDigest(xxh3_128=xxh.hexdigest(), part_md5s=tuple(part_md5s))
+    """The digest of the first `size_bytes` of a file that is already complete."""
+    hasher = PrefixHasher(size_bytes, md5_part_bytes)
+    hasher.feed(fd, size_bytes)
+    return hasher.digest()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Iterator
@@ -162,12 +161,9 @@ class Catalog:
     def _pulls(self) -> list[tuple[ModelRef, int]]:
         """Pulls in progress in any process, with the space each reserved."""
         pulls = []
-        for slug, n_bytes in self.cache.reservations().items():
-            source = _reservation_source(self.cache.reservations_dir / slug)
-            if source is None:
-                continue
+        for claim in self.cache.reservations().values():
             with contextlib.suppress(ModelsyncError):
-                pulls.append((parse_model_name(source), n_bytes))
+                pulls.append((parse_model_name(claim.source), claim.size_bytes))
         return pulls
 
     def eviction_entries(self, views: list[ModelView] | None = None) -> list[CacheEntry]:
@@ -238,14 +234,6 @@ def _is_dir(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
-
-
-def _reservation_source(path: Path) -> str | None:
-    try:
-        source = json.loads(path.read_bytes())["source"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source if isinstance(source, str) else None
 
 
 def _stable_id(*parts: str) -> int:

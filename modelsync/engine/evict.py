@@ -14,7 +14,7 @@ requires it, and records a reservation that other pulls see as used space.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from modelsync.adapters import fs
@@ -69,13 +69,12 @@ def make_room(
     ref: ModelRef,
     needed_bytes: int,
     protected: Mapping[str, str],
-    allocate: Callable[[], None],
 ) -> EvictionResult:
     """Reserve `needed_bytes` for pulling `ref`, evicting LRU models when budget or disk demand it.
 
-    `allocate` claims the space on disk while the cache-wide lock is still held,
-    so the next pull's free-space reading already accounts for it. Raises
-    DiskFullError, naming what is pinned or protected, when it can never fit.
+    Files are allocated only as the pull opens them, so the free space counted here
+    is the disk's, less what other live pulls claimed and have not allocated yet.
+    Raises DiskFullError, naming what is pinned or protected, when it can never fit.
     """
     space_lock = ModelLock(cache.locks_dir / "space.lock")
     space_lock.acquire()
@@ -101,7 +100,11 @@ def make_room(
             result = evict(cache, catalog, plan.victims)
             evicted += result.evicted
             skipped += result.skipped
-        free = fs.free_bytes(cache.root)
+        free = fs.free_bytes(cache.root) - sum(
+            cache.outstanding_bytes(slug, claim)
+            for slug, claim in cache.reservations().items()
+            if slug != ref.slug
+        )
         if needed_bytes > free:
             plan = plan_eviction(
                 catalog.eviction_entries(), needed_bytes - free, now, settings.in_use_grace_s, protected
@@ -111,7 +114,6 @@ def make_room(
             evicted += result.evicted
             skipped += result.skipped
         cache.reserve(ref, needed_bytes)
-        allocate()
         return EvictionResult(tuple(evicted), tuple(skipped))
     finally:
         space_lock.release()

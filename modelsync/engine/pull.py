@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -33,7 +35,7 @@ from tenacity import (
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, JournalState, Staging
-from modelsync.adapters.digest import FileDigest, hash_fd
+from modelsync.adapters.digest import FileDigest, PrefixHasher
 from modelsync.adapters.ranged_http import (
     PresignedUrlExpiredError,
     RangeClient,
@@ -74,6 +76,7 @@ _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 CANCEL_POLL_S = 0.1
 
 _NOTHING: Mapping[str, str] = MappingProxyType({})
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +226,6 @@ class _Puller:
                 self.ref,
                 needed,
                 self.protected,
-                lambda: self._allocate(plan, skip=set(state.files) | set(linked)),
             )
             self.evicted = room.evicted
             self.events.planned(len(plan.files), plan.total_bytes, plan.missing_bytes - sum(linked.values()))
@@ -237,8 +239,7 @@ class _Puller:
                             work.file.size_bytes,
                             _part_size(work),
                         )
-                        allocated = work.file.path not in state.files
-                        task = tg.create_task(self._file(work, known=allocated or (resume and known)))
+                        task = tg.create_task(self._file(work, known=resume and known))
                         task.add_done_callback(lambda _t: file_slots.release())
             record = CompletionRecord(
                 source=self.ref.uri,
@@ -338,17 +339,6 @@ class _Puller:
                 break
         return linked
 
-    def _allocate(self, plan: PullPlan, skip: set[str]) -> None:
-        """Claim every new file's space now, under the space lock, so concurrent pulls cannot over-commit."""
-        for work in plan.files:
-            if work.file.path in skip:
-                continue
-            with fs.storage_errors(self.staging.dir / work.file.path, work.file.size_bytes):
-                self.staging.journal.begin_file(
-                    work.file.path, work.file.etag, work.file.size_bytes, _part_size(work)
-                )
-                os.close(self.staging.open_file(work.file.path, work.file.size_bytes))
-
     # -- one file ----------------------------------------------------------------
 
     async def _file(self, work: FileWork, known: bool) -> None:
@@ -357,11 +347,13 @@ class _Puller:
         if f.path in self.verified:  # linked from a cached copy, or verified before a restart
             return
         for attempt in (1, 2):
+            f = work.file
             if attempt == 2 or not known:
                 self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, _part_size(work))
             try:
-                await self._fetch_parts(work)
-                await self._verify(work)
+                md5_part = await self._md5_part_bytes(f)
+                digest = await self._fetch_parts(work, PrefixHasher(f.size_bytes, md5_part))
+                self._accept(f, digest, md5_part)
                 return
             except ObjectChangedError:
                 if attempt == 2:
@@ -374,12 +366,14 @@ class _Puller:
                     raise
                 work = _restart(work, f)
 
-    async def _fetch_parts(self, work: FileWork) -> None:
+    async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> FileDigest:
+        """Fetch the missing parts while hashing the landed prefix; the digest once all are in."""
         with fs.storage_errors(self.staging.dir / work.file.path, work.file.size_bytes):
             fd = self.staging.open_file(work.file.path, work.file.size_bytes)
         try:
             with first_error():
-                await self._fetch_missing(work, fd)
+                await self._fetch_missing(work, _Prefix(work, hasher, fd))
+            return hasher.digest()
         except DiskFullError as exc:
             raise DiskFullError(
                 f"disk full writing {self.staging.dir / work.file.path}: needs {work.missing_bytes} "
@@ -389,12 +383,26 @@ class _Puller:
         finally:
             os.close(fd)
 
-    async def _fetch_missing(self, work: FileWork, fd: int) -> None:
+    async def _fetch_missing(self, work: FileWork, prefix: _Prefix) -> None:
+        """The parts through the shared window, and one hasher following them, as one task group."""
         async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._follow(prefix))
             for part in work.missing:
                 await self.window.acquire()
-                task = tg.create_task(self._part(work.file, part, fd))
+                task = tg.create_task(self._part(work.file, part, prefix.fd))
                 task.add_done_callback(lambda _t: self.window.release())
+                task.add_done_callback(functools.partial(prefix.land, part))
+
+    async def _follow(self, prefix: _Prefix) -> None:
+        """Hash each stretch of the file as soon as every part before its end has landed."""
+        loop = asyncio.get_running_loop()
+        hasher = prefix.hasher
+        while hasher.position < hasher.size_bytes:
+            await prefix.grew.wait()
+            prefix.grew.clear()
+            while hasher.position < prefix.end:
+                async with self.hash_slots:
+                    await _in_thread(loop.run_in_executor(None, hasher.feed, prefix.fd, prefix.end))
 
     async def _part(self, f: RemoteFile, part: Part, fd: int) -> None:
         """One ranged GET, retried from the last byte written when the transfer breaks."""
@@ -439,12 +447,9 @@ class _Puller:
 
     # -- verification ------------------------------------------------------------
 
-    async def _verify(self, work: FileWork) -> None:
-        f = work.file
+    def _accept(self, f: RemoteFile, digest: FileDigest, md5_part: int | None) -> None:
+        """Check a complete file against what the source vouches for, and journal it as verified."""
         self.events.verifying(f.path)
-        md5_part = await self._md5_part_bytes(f)
-        async with self.hash_slots:
-            digest = await asyncio.to_thread(self._hash, f, md5_part)
         verified_by = _check(f, digest, md5_part)
         self.verified[f.path] = (digest.xxh3_128, verified_by)
         self.fetched[f.path] = f
@@ -463,15 +468,34 @@ class _Puller:
                 return part_bytes
         return None
 
-    def _hash(self, f: RemoteFile, md5_part_bytes: int | None) -> FileDigest:
-        fd = os.open(self.staging.dir / f.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            return hash_fd(fd, f.size_bytes, md5_part_bytes)
-        finally:
-            os.close(fd)
+
+class _Prefix:
+    """How far from the front a file's parts have all landed, for its hasher to follow."""
+
+    def __init__(self, work: FileWork, hasher: PrefixHasher, fd: int) -> None:
+        self.hasher = hasher
+        self.fd = fd
+        self.grew = asyncio.Event()
+        self._parts = work.parts
+        self._landed = set(work.done)
+        self._next = 0
+        self.end = 0
+        self._advance()
+
+    def land(self, part: Part, task: asyncio.Task[None]) -> None:
+        """Done-callback of a part's task: a part that arrived may extend the prefix."""
+        if not task.cancelled() and task.exception() is None:
+            self._landed.add(part.index)
+            self._advance()
+
+    def _advance(self) -> None:
+        while self._next < len(self._parts) and self._parts[self._next].index in self._landed:
+            self.end = self._parts[self._next].end
+            self._next += 1
+            self.grew.set()
 
 
-async def _in_thread(future: asyncio.Future[int]) -> int:
+async def _in_thread(future: asyncio.Future[_T]) -> _T:
     """Await a transfer thread; when cancelled, first wait until the thread has stopped.
 
     A cancelled task cannot stop a thread blocked on its socket: it keeps writing at

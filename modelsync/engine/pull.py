@@ -373,6 +373,10 @@ class _Puller:
         try:
             with first_error():
                 await self._fetch_missing(work, _Prefix(work, hasher, fd))
+            if self.staging.preallocate:
+                # Flush each file as it completes, while other files still download, rather
+                # than all of them at publish time (tmpfs has nothing to flush).
+                await asyncio.to_thread(os.fdatasync, fd)
             return hasher.digest()
         except DiskFullError as exc:
             raise DiskFullError(

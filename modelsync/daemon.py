@@ -98,7 +98,11 @@ class ScheduleWatcher:
         try:
             st = os.stat(self.path)
             identity: tuple[object, ...] = (
-                os.path.realpath(self.path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+                os.path.realpath(self.path),
+                st.st_dev,
+                st.st_ino,
+                st.st_mtime_ns,
+                st.st_size,
             )
         except OSError as exc:
             identity = ("unreadable", exc.errno)
@@ -193,9 +197,7 @@ async def _start_http(
     app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(
-        runner, options.listen_host, options.listen_port, shutdown_timeout=HTTP_SHUTDOWN_S
-    )
+    site = web.TCPSite(runner, options.listen_host, options.listen_port, shutdown_timeout=HTTP_SHUTDOWN_S)
     try:
         await site.start()
     except OSError as exc:

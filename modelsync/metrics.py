@@ -71,7 +71,8 @@ class DaemonMetrics:
             "modelsync_cache_used_bytes", "Bytes of ready models in the cache.", registry=r
         )
         self.cache_budget = Gauge(
-            "modelsync_cache_budget_bytes", "The cache budget; 0 when none is set (free space is the limit).",
+            "modelsync_cache_budget_bytes",
+            "The cache budget; 0 when none is set (free space is the limit).",
             registry=r,
         )
         self.models = Gauge(

@@ -232,9 +232,7 @@ def plan_named(entries: Iterable[CacheEntry], models: Iterable[str], force: bool
                 "being written); retry when the pull has finished or been stopped"
             )
         if entry.pinned and not force:
-            raise UsageError(
-                f"{model!r} is pinned; run `modelsync unpin {model}` first, or pass --force"
-            )
+            raise UsageError(f"{model!r} is pinned; run `modelsync unpin {model}` first, or pass --force")
         victims.append(entry)
     ledger = _Ledger(cached)
     freed = sum(ledger.remove(e) for e in victims)
@@ -262,9 +260,7 @@ class _Ledger:
             for blob in entry.blobs:
                 known = self._sizes.setdefault(blob.key, blob.size_bytes)
                 if known != blob.size_bytes:
-                    raise ValueError(
-                        f"blob {blob.key} has two sizes: {known} and {blob.size_bytes}"
-                    )
+                    raise ValueError(f"blob {blob.key} has two sizes: {known} and {blob.size_bytes}")
                 self._holders[blob.key] = self._holders.get(blob.key, 0) + 1
 
     @property
@@ -352,8 +348,5 @@ def _protection_reason(
         return f"leased by a consumer until {until}"
     idle_s = now - entry.last_used
     if idle_s < grace_s:
-        return (
-            f"in use (used {format_duration(max(0.0, idle_s))} ago, "
-            f"grace {format_duration(grace_s)})"
-        )
+        return f"in use (used {format_duration(max(0.0, idle_s))} ago, grace {format_duration(grace_s)})"
     return protected.get(entry.model)

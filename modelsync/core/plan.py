@@ -184,9 +184,7 @@ def plan_node(
     """
     desired = desired_models(schedule, pool, now)
     reasons = protection_reasons(desired)
-    fetching = [
-        d for d in desired if d.state in _WANTED_NOW and d.model.source.model_id not in cached
-    ]
+    fetching = [d for d in desired if d.state in _WANTED_NOW and d.model.source.model_id not in cached]
     incoming = sum(remote_sizes.get(d.model.source.model_id, 0) for d in fetching)
     used = sum(c.size_bytes for c in cached.values())
     needed = 0 if budget_bytes is None else max(0, used + incoming - budget_bytes)
@@ -390,9 +388,7 @@ def render_plan(plan: NodePlan) -> list[str]:
     budget = "no budget" if plan.budget_bytes is None else f"budget {format_bytes(plan.budget_bytes)}"
     unknown = f" ({len(plan.unknown_sizes)} of unknown size not counted)" if plan.unknown_sizes else ""
     speed = (
-        "unknown"
-        if not plan.bandwidth_bytes_per_s
-        else f"{format_bytes(int(plan.bandwidth_bytes_per_s))}/s"
+        "unknown" if not plan.bandwidth_bytes_per_s else f"{format_bytes(int(plan.bandwidth_bytes_per_s))}/s"
     )
     lines = [
         f"pool {plan.pool} at {plan.at.isoformat(timespec='seconds')}",

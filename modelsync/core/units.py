@@ -59,8 +59,7 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text.strip())
     if match is None:
         raise UsageError(
-            f"invalid size {text!r}; use bytes or a number with a unit, "
-            "e.g. 500G, 500GB, 1.5TiB, 512Mi"
+            f"invalid size {text!r}; use bytes or a number with a unit, e.g. 500G, 500GB, 1.5TiB, 512Mi"
         )
     number, unit = match.group(1), match.group(2) or ""
     if unit[:1] == "K":
@@ -81,11 +80,7 @@ def parse_duration(text: str) -> float:
         )
     try:
         total = sum(
-            (
-                Decimal(value) * _SECONDS_PER[unit]
-                for unit, value in match.groupdict().items()
-                if value
-            ),
+            (Decimal(value) * _SECONDS_PER[unit] for unit, value in match.groupdict().items() if value),
             Decimal(0),
         )
     except InvalidOperation:  # pragma: no cover - the pattern only admits plain decimals

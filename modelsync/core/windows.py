@@ -124,9 +124,7 @@ def load_zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ScheduleError(
-            f"unknown time zone {name!r}; use an IANA name such as Europe/Berlin"
-        ) from None
+        raise ScheduleError(f"unknown time zone {name!r}; use an IANA name such as Europe/Berlin") from None
 
 
 def validate_cron(expression: str) -> None:

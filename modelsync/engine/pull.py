@@ -34,7 +34,7 @@ from tenacity import (
 )
 
 from modelsync.adapters import fs
-from modelsync.adapters.cache import Cache, JournalState, Staging
+from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
 from modelsync.adapters.ranged_http import (
     PresignedUrlExpiredError,
@@ -74,6 +74,8 @@ MAX_BACKOFF_S = 5.0
 _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 #: how often a pull with a cancel event checks it; bounds how long a cancelled pull runs on
 CANCEL_POLL_S = 0.1
+#: how often the lock holder's progress note is rewritten for waiting pullers
+HOLDER_NOTE_S = 2.0
 
 _NOTHING: Mapping[str, str] = MappingProxyType({})
 _T = TypeVar("_T")
@@ -88,6 +90,37 @@ class PullResult:
     files: int
     #: models the pull's space reservation evicted to make room, so callers can count them exactly
     evicted: tuple[str, ...] = ()
+
+
+class ProgressNote:
+    """Passes events on, and keeps the lock's holder note current so waiters can say how far it is."""
+
+    def __init__(self, events: PullEvents, lock: ModelLock, interval_s: float = HOLDER_NOTE_S) -> None:
+        self._events = events
+        self._lock = lock
+        self._interval_s = interval_s
+        self._total = 0
+        self._done = 0
+        self._next_note = 0.0
+
+    def waiting(self, holder: str) -> None:
+        self._events.waiting(holder)
+
+    def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
+        self._total = missing_bytes
+        self._lock.update_holder(0, missing_bytes)
+        self._events.planned(files, total_bytes, missing_bytes)
+
+    def fetched(self, n_bytes: int) -> None:
+        self._done += n_bytes  # from transfer threads: a lost update only makes the note a little stale
+        now = time.monotonic()
+        if now >= self._next_note:
+            self._next_note = now + self._interval_s
+            self._lock.update_holder(self._done, self._total)
+        self._events.fetched(n_bytes)
+
+    def verifying(self, path: str) -> None:
+        self._events.verifying(path)
 
 
 class PullCancelledError(Exception):
@@ -116,7 +149,9 @@ def pull(
     started = time.monotonic()
     cache = Cache(settings.cache_dir)
     cache.ensure()
-    with cache.locked(ref, on_wait=events.waiting):
+    lock = cache.lock(ref)
+    lock.acquire(on_wait=events.waiting)
+    try:
         current = cache.ready_record(ref)
         if current is not None and quick_check(cache.ready_path(ref), current):
             cache.unpublish(ref)  # damaged: never serve it while it is pulled again
@@ -125,12 +160,14 @@ def pull(
             cache.touch(ref)
             return PullResult(cache.ready_path(ref), current.total_bytes, 0, 0.0, len(current.files))
         with open_catalog(cache) as catalog:
-            puller = _Puller(settings, cache, catalog, ref, events, protected, current)
+            puller = _Puller(settings, cache, catalog, ref, ProgressNote(events, lock), protected, current)
             try:
                 path, plan = asyncio.run(_supervise(puller, cancel))
             finally:
                 cache.release_reservation(ref)
         cache.touch(ref)
+    finally:
+        lock.release()
     return PullResult(
         path=path,
         total_bytes=plan.total_bytes,

@@ -111,6 +111,7 @@ class Journal:
         if not keep:
             flags |= os.O_TRUNC
         self._fd = os.open(self.path, flags, fs.FILE_MODE)
+        fs.share_with_group(self._fd)
         if not keep:
             self._append(self._header())
 
@@ -172,6 +173,7 @@ class Staging:
             fd = fs.open_file_beneath(root, PurePosixPath(relative), os.O_RDWR | os.O_CREAT)
         finally:
             os.close(root)
+        fs.share_with_group(fd)
         try:
             if os.fstat(fd).st_size != size_bytes:
                 os.ftruncate(fd, size_bytes)
@@ -257,7 +259,8 @@ class ModelLock:
     def try_acquire(self) -> bool:
         """Take the lock if it is free; never waits."""
         with fs.storage_errors(self.path):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
+        fs.share_with_group(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -331,7 +334,7 @@ class Cache:
                 self.leases_dir,
                 self.reservations_dir,
             ):
-                fs.make_dirs(d)
+                fs.make_dirs(d, up_to=self.root)
             layout = self.state_dir / "layout"
             if not layout.exists():
                 fs.write_atomic(layout, LAYOUT_VERSION.encode() + b"\n")

@@ -120,12 +120,16 @@ def open_dir_beneath(root_fd: int, relative: PurePosixPath, create: bool) -> int
     fd = os.dup(root_fd)
     try:
         for segment in relative.parts:
+            created = False
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(segment, DIR_MODE, dir_fd=fd)
+                    created = True
             child = os.open(segment, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = child
+            if created:
+                os.fchmod(fd, DIR_MODE)  # the umask must not keep the group from adding siblings
         return fd
     except BaseException:
         os.close(fd)
@@ -212,9 +216,20 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def make_dirs(path: Path) -> None:
-    """Create a state directory with the shared-group mode, whatever the umask."""
+def make_dirs(path: Path, up_to: Path | None = None) -> None:
+    """Create a state directory with the shared-group mode, whatever the umask.
+
+    Directories between `up_to` (exclusive) and `path` get the same mode.
+    """
     path.mkdir(parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o7777 != DIR_MODE:
-        with contextlib.suppress(PermissionError):
-            os.chmod(path, DIR_MODE)
+    chain = [path, *(p for p in path.parents if up_to is not None and up_to in p.parents)]
+    for directory in chain:
+        if directory.stat().st_mode & 0o7777 != DIR_MODE:
+            with contextlib.suppress(PermissionError):
+                os.chmod(directory, DIR_MODE)
+
+
+def share_with_group(fd: int) -> None:
+    """Make a file this process just created writable by the cache's group (best effort)."""
+    with contextlib.suppress(PermissionError):
+        os.fchmod(fd, FILE_MODE)

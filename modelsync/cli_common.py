@@ -58,7 +58,7 @@ ConfigFile = Annotated[
     Path | None, typer.Option("--config", help="TOML settings file [env MODELSYNC_CONFIG].")
 ]
 Concurrency = Annotated[
-    int | None, typer.Option("--concurrency", min=1, help="Ranged GETs in flight [default 16].")
+    int | None, typer.Option("--concurrency", min=1, help="Ranged GETs in flight [default 8].")
 ]
 PartSize = Annotated[
     str | None, typer.Option("--part-size", help="Bytes per ranged GET, e.g. 16Mi [default 16Mi].")

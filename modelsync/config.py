@@ -54,7 +54,7 @@ class Settings:
     #: skip TLS verification (warns on every run); never the default
     insecure: bool = field(default=False, metadata={"env": "MODELSYNC_INSECURE"})
     #: ranged GETs in flight at once, across all files of a pull
-    concurrency: int = field(default=16, metadata={"env": "MODELSYNC_CONCURRENCY"})
+    concurrency: int = field(default=8, metadata={"env": "MODELSYNC_CONCURRENCY"})
     #: size of one ranged GET, bytes
     part_size_bytes: int = field(default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE"})
     #: cap on the pull's download rate, bytes per second; 0 means no cap

@@ -24,7 +24,6 @@ import termios
 import threading
 from collections.abc import AsyncIterable
 from dataclasses import asdict, dataclass
-from types import TracebackType
 from typing import Literal, Self, get_args
 from urllib.parse import unquote
 
@@ -32,6 +31,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
+
+from support.service import Service
 
 FaultAction = Literal["status503", "status500", "status403", "reset", "truncate", "bitflip", "stall", "delay"]
 FAULT_ACTIONS: frozenset[str] = frozenset(get_args(FaultAction))
@@ -165,7 +166,7 @@ def _error_body(action: str) -> tuple[int, bytes]:
     return status, body.encode()
 
 
-class FaultProxy:
+class FaultProxy(Service):
     """Forward to `upstream_url`; misbehave as queued. Start with `start()` or `with`."""
 
     def __init__(self, upstream_url: str, host: str = "127.0.0.1") -> None:
@@ -271,17 +272,6 @@ class FaultProxy:
             loop.close()
             self._loop = self._thread = None
             self._port = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     async def _serve(self) -> int:
         self._stopping = asyncio.Event()

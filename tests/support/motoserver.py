@@ -20,10 +20,11 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Protocol, Self
 
 from moto.server import ThreadedMotoServer
+
+from support.service import Service
 
 LOOPBACK = "127.0.0.1"
 RESET_PATH = "/moto-api/reset"
@@ -75,7 +76,7 @@ def wait_until_serving(endpoint_url: str, timeout_s: float = 30.0) -> None:
     raise TimeoutError(f"moto at {endpoint_url} did not answer: {last_error!r}")
 
 
-class ThreadedMoto:
+class ThreadedMoto(Service):
     """moto's werkzeug server in a daemon thread of this process, on a free loopback port."""
 
     def __init__(self, host: str = LOOPBACK) -> None:
@@ -112,19 +113,8 @@ class ThreadedMoto:
             werkzeug_server.server_close()
         self._endpoint_url = None
 
-    def __enter__(self) -> Self:
-        return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class SubprocessMoto:
+class SubprocessMoto(Service):
     """`python -m moto.server` in a child process, so it has its own GIL and can be killed.
 
     Output (startup banner and one access-log line per request) goes to a log file,
@@ -218,14 +208,3 @@ class SubprocessMoto:
             if self._log_dir is None and self.log_path is not None:
                 self.log_path.unlink(missing_ok=True)
         self._endpoint_url = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

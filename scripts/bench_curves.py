@@ -32,7 +32,6 @@ import contextlib
 import datetime as dt
 import json
 import shlex
-import signal
 import statistics
 import sys
 import tempfile
@@ -336,17 +335,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        with contextlib.ExitStack() as stack:
-            return run(args, stack)
-    except BenchError as exc:
-        print(f"bench_curves: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("bench_curves: interrupted", file=sys.stderr)
-        return 130
+    return benchmark.run_main("bench_curves", parse_args(argv), run)
 
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:

@@ -630,18 +630,24 @@ def versions(contenders: list[Contender]) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_main(
+    prog: str, args: argparse.Namespace, run: Callable[[argparse.Namespace, contextlib.ExitStack], int]
+) -> int:
+    """Run a benchmark with every cleanup registered on one stack, also on Ctrl-C and SIGTERM."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanups, as for Ctrl-C
     try:
         with contextlib.ExitStack() as stack:
             return run(args, stack)
     except BenchError as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("bench: interrupted; endpoint stopped and destinations removed", file=sys.stderr)
+        print(f"{prog}: interrupted; endpoint stopped and destinations removed", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_main("bench", parse_args(argv), run)
 
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:

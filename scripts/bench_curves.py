@@ -226,9 +226,9 @@ def build_curves(args: argparse.Namespace, scratch: Path, url: str, work: Path,
                  preps: dict[str, Prepared]) -> list[CurveSpec]:
     ms, s5 = benchmark.make_contenders(harness_args(None))
     specs = []
-    model = preps["model-set"]
-    gib = model.dataset.total_bytes / GiB
     if "concurrency" in args.only:
+        model = preps["model-set"]
+        gib = model.dataset.total_bytes / GiB
         specs.append(CurveSpec(
             "concurrency",
             f"modelsync --concurrency on the model set ({model.dataset.count} files, "

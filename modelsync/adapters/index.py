@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,7 @@ class Index:
             check_same_thread=False,
         )
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        db.execute("PRAGMA journal_mode = WAL")
+        _use_wal(db)
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA foreign_keys = ON")
         if self.path is not None:
@@ -252,6 +253,25 @@ def _storage_errors(path: Path | None) -> Iterator[None]:
         if code in _STORAGE_CODES:
             raise LocalStorageError(f"cannot use the cache index {path}: {exc}") from None
         raise
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Switch a new database to WAL; the mode is stored in the file, so this happens once.
+
+    Switching needs the database to itself and answers "database is locked" at once,
+    without the busy timeout, when another process opens the fresh file at the same
+    moment (several pulls starting together): read the mode first, and retry the switch.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _share_with_group(path: Path) -> None:

@@ -157,14 +157,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def env_var(name: str) -> str:
-    """The environment variable of a Settings field, as documented in the README."""
-    for f in fields(Settings):
-        if f.name == name:
-            return str(f.metadata["env"])
-    raise KeyError(name)
-
-
 def load_settings(
     flags: Mapping[str, object | None],
     env: Mapping[str, str],

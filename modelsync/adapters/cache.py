@@ -218,24 +218,6 @@ class Staging:
             return False
         return True
 
-    def discard_file(self, relative: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            root = fs.open_dir(self.dir)
-            try:
-                parent = fs.open_dir_beneath(root, PurePosixPath(relative).parent, create=False)
-                try:
-                    os.unlink(PurePosixPath(relative).name, dir_fd=parent)
-                finally:
-                    os.close(parent)
-            finally:
-                os.close(root)
-
-    def discard(self) -> None:
-        self.journal.close()
-        fs.remove_tree(self.dir)
-        with contextlib.suppress(FileNotFoundError):
-            self.journal.path.unlink()
-
 
 class ModelLock:
     """An exclusive flock per model; the kernel releases it when its holder dies, even by kill -9."""

@@ -188,10 +188,6 @@ class Index:
         with self.transaction():
             self._db.executemany("DELETE FROM models WHERE model = ?", [(m,) for m in models])
 
-    def set_state(self, model: str, state: str) -> None:
-        with _storage_errors(self.path):
-            self._db.execute("UPDATE models SET state = ? WHERE model = ?", (state, model))
-
     def set_verified(self, model: str, at: float) -> None:
         with _storage_errors(self.path):
             self._db.execute("UPDATE models SET verified_at = ? WHERE model = ?", (at, model))

@@ -10,7 +10,6 @@ boundary, and no message ever includes a credential.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore import UNSIGNED
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -209,9 +207,9 @@ class S3:
             await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
 
 
-def client_config(settings: Settings, anonymous: bool = False) -> AioConfig:
+def client_config(settings: Settings) -> AioConfig:
     return AioConfig(
-        signature_version=UNSIGNED if anonymous else "s3v4",
+        signature_version="s3v4",
         s3={"addressing_style": settings.addressing_style},
         retries={"mode": "standard", "total_max_attempts": CONTROL_ATTEMPTS},
         connect_timeout=settings.connect_timeout_s,
@@ -226,14 +224,11 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
     """An S3 client configured from Settings; TLS follows ca_bundle or the insecure switch."""
     session = get_session()
     verify: bool | str | None = False if settings.insecure else settings.ca_bundle
-    with warnings.catch_warnings():
-        # urllib3/aiohttp may warn once about unverified TLS; the CLI already warned.
-        warnings.simplefilter("ignore")
-        async with session.create_client(
-            "s3",
-            region_name=settings.region,
-            endpoint_url=settings.endpoint_url,
-            config=client_config(settings),
-            verify=verify,
-        ) as client:
-            yield S3(client)
+    async with session.create_client(
+        "s3",
+        region_name=settings.region,
+        endpoint_url=settings.endpoint_url,
+        config=client_config(settings),
+        verify=verify,
+    ) as client:
+        yield S3(client)

@@ -66,9 +66,6 @@ class PullPlan:
     def missing_bytes(self) -> int:
         return sum(w.missing_bytes for w in self.files)
 
-    @property
-    def missing_parts(self) -> int:
-        return sum(len(w.missing) for w in self.files)
 
 
 def plan_parts(size_bytes: int, part_size_bytes: int) -> tuple[Part, ...]:

@@ -100,8 +100,9 @@ class ProgressNote:
         self._lock = lock
         self._interval_s = interval_s
         self._total = 0
-        self._done = 0
         self._next_note = 0.0
+        #: bytes written by this pull, the figure PullResult reports
+        self.counter = ByteCounter()
 
     def waiting(self, holder: str) -> None:
         self._events.waiting(holder)
@@ -112,11 +113,11 @@ class ProgressNote:
         self._events.planned(files, total_bytes, missing_bytes)
 
     def fetched(self, n_bytes: int) -> None:
-        self._done += n_bytes  # from transfer threads: a lost update only makes the note a little stale
+        self.counter.fetched(n_bytes)
         now = time.monotonic()
-        if now >= self._next_note:
+        if now >= self._next_note:  # from transfer threads: a race only makes the note a little stale
             self._next_note = now + self._interval_s
-            self._lock.update_holder(self._done, self._total)
+            self._lock.update_holder(self.counter.fetched_bytes, self._total)
         self._events.fetched(n_bytes)
 
     def verifying(self, path: str) -> None:
@@ -160,7 +161,8 @@ def pull(
             cache.touch(ref)
             return PullResult(cache.ready_path(ref), current.total_bytes, 0, 0.0, len(current.files))
         with open_catalog(cache) as catalog:
-            puller = _Puller(settings, cache, catalog, ref, ProgressNote(events, lock), protected, current)
+            note = ProgressNote(events, lock)
+            puller = _Puller(settings, cache, catalog, ref, note, protected, current)
             try:
                 path, plan = asyncio.run(_supervise(puller, cancel))
             finally:
@@ -171,7 +173,7 @@ def pull(
     return PullResult(
         path=path,
         total_bytes=plan.total_bytes,
-        fetched_bytes=puller.counter.fetched_bytes,
+        fetched_bytes=note.counter.fetched_bytes,
         seconds=time.monotonic() - started,
         files=len(plan.files),
         evicted=puller.evicted,
@@ -218,7 +220,6 @@ class _Puller:
         self.events = events
         self.protected = protected
         self.current = current
-        self.counter = ByteCounter()
         self.aborted = False
         self.evicted: tuple[str, ...] = ()
         self.staging: Staging = cache.staging(ref)
@@ -246,8 +247,9 @@ class _Puller:
             resume = bool(state.files)
             plan = plan_pull(files, self.settings.part_size_bytes, state.done_parts(), state.part_sizes())
             self.staging.prepare(resume=resume)
+            etags = {f.path: f.etag for f in files}
             self.verified = {
-                path: v for path, v in state.verified.items() if self._journal_matches(state, path, files)
+                path: v for path, v in state.verified.items() if state.files[path][0] == etags[path]
             }
             linked = self._link_copies(plan, state)
             needed = sum(
@@ -346,10 +348,6 @@ class _Puller:
         path = self.ref.relative_key(obj.key)
         safe_relative_path(path)
         return RemoteFile(obj.key, path, obj.size_bytes, obj.etag)
-
-    def _journal_matches(self, state: JournalState, path: str, files: list[RemoteFile]) -> bool:
-        by_path = {f.path: f for f in files}
-        return path in by_path and state.files.get(path, ("",))[0] == by_path[path].etag
 
     def _link_copies(self, plan: PullPlan, state: JournalState) -> dict[str, int]:
         """Hard-link files the cache already holds with the same content, instead of fetching them.
@@ -463,7 +461,7 @@ class _Puller:
                     try:
                         await _in_thread(
                             loop.run_in_executor(
-                                self.executor, self.client.fetch_into, req, fd, start, self._progress
+                                self.executor, self.client.fetch_into, req, fd, start, self.events.fetched
                             )
                         )
                     except TransientFetchError as exc:
@@ -476,10 +474,6 @@ class _Puller:
                 "it resumes where it stopped"
             ) from None
         self.staging.journal.part_written(f.path, part.index)
-
-    def _progress(self, n_bytes: int) -> None:
-        self.counter.fetched(n_bytes)
-        self.events.fetched(n_bytes)
 
     async def _url(self, f: RemoteFile, fresh: bool) -> str:
         if fresh or f.key not in self.urls:

@@ -67,7 +67,6 @@ class PullPlan:
         return sum(w.missing_bytes for w in self.files)
 
 
-
 def plan_parts(size_bytes: int, part_size_bytes: int) -> tuple[Part, ...]:
     """Split `[0, size)` into consecutive parts of at most `part_size_bytes`.
 
@@ -81,6 +80,11 @@ def plan_parts(size_bytes: int, part_size_bytes: int) -> tuple[Part, ...]:
         Part(index=i, start=start, end=min(start + part_size_bytes, size_bytes))
         for i, start in enumerate(range(0, size_bytes, part_size_bytes))
     )
+
+
+def layout_bytes(parts: tuple[Part, ...]) -> int:
+    """The part size a journal records for a file: its first part's size (1 for an empty file)."""
+    return parts[0].size_bytes if parts else 1
 
 
 def check_paths(files: Iterable[RemoteFile]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, Journal
-from modelsync.core.parts import plan_parts
+from modelsync.core.parts import layout_bytes, plan_parts
 from modelsync.core.record import CompletionRecord, parse_record, render_record
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.engine.catalog import QUARANTINED, READY, Catalog
@@ -143,17 +143,12 @@ def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: 
             for f in record.files:
                 if f.path in bad or f.etag is None:
                     continue
-                journal.begin_file(f.path, f.etag, f.size, _layout(f.size, part_size_bytes))
+                journal.begin_file(f.path, f.etag, f.size, layout_bytes(plan_parts(f.size, part_size_bytes)))
                 journal.file_verified(f.path, f.xxh3_128, record.verified_by)
             journal.close()
             record_path.unlink()
         catalog.index.remove([ref.model_id])
     return ref
-
-
-def _layout(size_bytes: int, part_size_bytes: int) -> int:
-    parts = plan_parts(size_bytes, part_size_bytes)
-    return parts[0].size_bytes if parts else 1
 
 
 def _unlink_quietly(path: Path) -> None:

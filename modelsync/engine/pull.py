@@ -48,7 +48,7 @@ from modelsync.config import Settings
 from modelsync.core.etag import EtagKind, etag_kind, multipart_count, multipart_etag, part_size_fits
 from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
-from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, plan_parts, plan_pull
+from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.engine.catalog import Catalog, open_catalog
@@ -276,7 +276,7 @@ class _Puller:
                         known = state.files.get(work.file.path) == (
                             work.file.etag,
                             work.file.size_bytes,
-                            _part_size(work),
+                            layout_bytes(work.parts),
                         )
                         task = tg.create_task(self._file(work, known=resume and known))
                         task.add_done_callback(lambda _t: file_slots.release())
@@ -367,7 +367,7 @@ class _Puller:
                 if not self.staging.link_from(self.cache.root, source, (copy.dev, copy.ino), f.path):
                     continue
                 by = "manifest" if f.xxh3_128 is not None else etag_kind(f.etag).value
-                self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, _part_size(work))
+                self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
                 self.staging.journal.file_verified(f.path, copy.xxh3_128, by)
                 self.verified[f.path] = (copy.xxh3_128, by)
                 linked[f.path] = f.size_bytes
@@ -384,7 +384,7 @@ class _Puller:
         for attempt in (1, 2):
             f = work.file
             if attempt == 2 or not known:
-                self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, _part_size(work))
+                self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
             try:
                 md5_part = await self._md5_part_bytes(f)
                 digest = await self._fetch_parts(work, PrefixHasher(f.size_bytes, md5_part))
@@ -582,10 +582,6 @@ def _unchanged(record: CompletionRecord, files: list[RemoteFile]) -> bool:
     return have == {(f.path, f.size_bytes, f.etag) for f in files}
 
 
-def _part_size(work: FileWork) -> int:
-    return work.parts[0].size_bytes if work.parts else 1
-
-
 def _restart(work: FileWork, f: RemoteFile) -> FileWork:
     """The same file, all parts missing again, for its one fresh try."""
-    return FileWork(file=f, parts=plan_parts(f.size_bytes, _part_size(work)), done=frozenset())
+    return FileWork(file=f, parts=plan_parts(f.size_bytes, layout_bytes(work.parts)), done=frozenset())

@@ -22,7 +22,7 @@ from modelsync.adapters.cache import Cache, ModelLock
 from modelsync.config import Settings
 from modelsync.core.eviction import EvictionPlan, plan_eviction, plan_watermarks
 from modelsync.core.refs import ModelRef, parse_model_name
-from modelsync.engine.catalog import QUARANTINED, Catalog
+from modelsync.engine.catalog import Catalog
 from modelsync.errors import DiskFullError
 
 
@@ -43,10 +43,10 @@ def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResu
             skipped.append(model)
             continue
         try:
-            view = catalog.view(model)
-            if view is not None and view.state == QUARANTINED:
-                fs.remove_tree(cache.quarantine_dir / ref.slug)
-                (cache.quarantine_dir / f"{ref.slug}.json").unlink(missing_ok=True)
+            # A quarantined copy goes too (nothing there when the model is not quarantined); no
+            # per-victim lookup of its state, which would read every model's markers again.
+            fs.remove_tree(cache.quarantine_dir / ref.slug)
+            (cache.quarantine_dir / f"{ref.slug}.json").unlink(missing_ok=True)
             cache.unpublish(ref)
             cache.forget(ref)
             catalog.index.remove([model])

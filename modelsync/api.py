@@ -11,10 +11,14 @@ One request per connection:
     <- {"ok": true, "models": [{"model": "b/p", "path": "/model-cache/b/p"},
                                {"model": "b/q", "error": "...", "code": "not_found", "exit_code": 3}]}
        with "wait": false, a model not ready yet is {"model": "b/q", "queued": true}
+    -> {"op": "pull", "model": "s3://b/p/", "lease_s": 28800}      (a tenant pod's pull; lease_s optional)
+    <- {"ok": true, "model": "b/p", "path": "/model-cache/b/p"}
     -> {"op": "status"}
     <- {"ok": true, "pool": "...", "ready": true, "paused": false, "current": "b/p", "plan": {...}}
 
-A request the daemon cannot serve gets {"ok": false, "error": "...", "code": "...", "exit_code": 2}.
+A request the daemon cannot serve gets {"ok": false, "error": "...", "code": "...", "exit_code": 2};
+one for a source it does not serve (not in the schedule, not under an allowed
+prefix) gets code "not_allowed" and exit code 8.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from modelsync.adapters.cache import STATE_DIR
-from modelsync.errors import ExitCode, ModelsyncError, UsageError
+from modelsync.core.refs import ModelRef
+from modelsync.errors import ExitCode, LocalStorageError, ModelsyncError, UsageError
 
 SOCKET_NAME = "daemon.sock"
 SOCKET_MODE = 0o660
@@ -115,6 +120,25 @@ def call(path: Path, request: Message, timeout_s: float | None = None) -> Messag
         raise ConnectionError("the daemon closed the connection without answering")
     reply: Message = json.loads(line)
     return reply
+
+
+def pull_via_daemon(cache_root: Path, ref: ModelRef, lease_s: float | None) -> Path | None:
+    """A tenant's pull: the node daemon stages `ref` with its own credentials and records the use and lease.
+
+    None when no daemon answers, so the caller can still hand out a model that
+    is already ready. The daemon's refusal or failure is raised with its exit code.
+    """
+    try:
+        reply = call(socket_path(cache_root), {"op": "pull", "model": ref.uri, "lease_s": lease_s})
+    except ConnectionError:
+        raise LocalStorageError(
+            "the node daemon stopped before answering; run the command again once it is back"
+        ) from None
+    if reply is None:
+        return None
+    if not reply.get("ok"):
+        raise error_from_reply(reply)
+    return Path(str(reply["path"]))
 
 
 def _answers(path: Path) -> bool:

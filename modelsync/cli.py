@@ -7,6 +7,7 @@ Commands that need no S3 (a warm pull, ls) never import the S3 stack.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +33,7 @@ from modelsync.cli_common import (
 from modelsync.config import Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import parse_duration
+from modelsync.errors import LocalStorageError, UsageError
 
 app = typer.Typer(
     name="modelsync",
@@ -63,13 +65,23 @@ def pull(
     ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Make a model ready in the cache and print its path (last line of stdout)."""
+    """Make a model ready in the cache and print its path (last line of stdout).
+
+    Where the cache is mounted read-only (a tenant pod), the node daemon stages
+    the model and records the lease; this process needs no S3 credentials.
+    """
     ref = parse_source(source)
     lease_s = parse_duration(lease) if lease is not None else None
     settings = build_settings(
         cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
     )
     from modelsync.engine.ready import warm_path
+
+    if settings.cache_dir.is_dir() and not os.access(settings.cache_dir, os.W_OK):
+        if verify:
+            raise UsageError("--verify needs a writable cache; run `modelsync verify` where the cache is")
+        typer.echo(str(_tenant_pull(settings.cache_dir, ref, lease_s)))
+        return
 
     path = warm_path(settings.cache_dir, ref)
     if path is not None and verify:
@@ -81,6 +93,23 @@ def pull(
     if lease_s is not None:
         cache.lease(ref, time.time() + lease_s)
     typer.echo(str(path))
+
+
+def _tenant_pull(cache_dir: Path, ref: ModelRef, lease_s: float | None) -> Path:
+    from modelsync import api
+    from modelsync.engine.ready import warm_path
+
+    path = api.pull_via_daemon(cache_dir, ref, lease_s)
+    if path is not None:
+        return path
+    path = warm_path(cache_dir, ref)
+    if path is None:
+        raise LocalStorageError(
+            f"the cache {cache_dir} is read-only here and no modelsync daemon answers on "
+            f"{api.socket_path(cache_dir)}; check the node's daemon pod"
+        )
+    typer.echo(f"warning: no daemon answers; {ref.model_id} is ready but this use is not recorded", err=True)
+    return path
 
 
 def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:

@@ -138,6 +138,14 @@ def daemon(
         typer.Option("--refresh", help="How often to check staged models for a changed source; 0 = never."),
     ] = "15m",
     json_logs: Annotated[bool, typer.Option("--json-logs", help="Log one JSON object per line.")] = False,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="Also serve pulls and prefetches of sources under this s3:// prefix (repeatable) "
+            "[env MODELSYNC_ALLOWED_PREFIXES, comma-separated].",
+        ),
+    ] = None,
     cache_dir: CacheDir = None,
     endpoint_url: EndpointUrl = None,
     region: Region = None,
@@ -168,7 +176,11 @@ def daemon(
         jitter_max_s=parse_duration(jitter),
         refresh_s=parse_duration(refresh),
     )
-    run_daemon(settings, DaemonOptions(schedule, loop, host, port, json_logs))
+    from modelsync.core.allow import parse_prefix
+
+    prefixes = allow or environment().get("MODELSYNC_ALLOWED_PREFIXES", "").replace(",", " ").split()
+    allowed = tuple(parse_prefix(p) for p in prefixes)
+    run_daemon(settings, DaemonOptions(schedule, loop, host, port, json_logs, allowed))
 
 
 def prefetch(

@@ -12,6 +12,7 @@ plus a fixed overhead; it does not grow with the model's size.
 from __future__ import annotations
 
 import os
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsync.core.units import parse_duration, parse_size
-from modelsync.errors import UsageError
+from modelsync.errors import CaBundleError, UsageError
 
 MiB = 1024 * 1024
 
@@ -136,12 +137,32 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+def _ca_bundle(text: str) -> str | None:
+    """A PEM file holding at least one CA certificate.
+
+    Checked when settings are read: a placeholder left in the CA ConfigMap
+    would otherwise surface as an ssl.SSLError traceback on the first cold pull.
+    """
+    if not text:
+        return None
+    try:
+        ssl.create_default_context(cafile=text)
+    except FileNotFoundError:
+        raise CaBundleError(f"{text} does not exist; mount the object store's CA there") from None
+    except (ssl.SSLError, OSError, ValueError):
+        raise CaBundleError(
+            f"{text} holds no PEM certificate; put the object store's CA "
+            "(-----BEGIN CERTIFICATE----- ...) there"
+        ) from None
+    return text
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "cache_dir": lambda t: Path(t).expanduser().absolute(),
     "endpoint_url": _optional_str,
     "region": str,
     "addressing_style": _addressing_style,
-    "ca_bundle": _optional_str,
+    "ca_bundle": _ca_bundle,
     "insecure": _parse_bool,
     "concurrency": _positive_int,
     "part_size_bytes": _positive_size,
@@ -196,7 +217,8 @@ def _parse(name: str, text: str, origin: str) -> Any:
     try:
         return _PARSERS[name](text)
     except (ValueError, UsageError) as exc:
-        raise UsageError(f"{origin}: bad value for {name}: {exc}") from None
+        error = type(exc) if isinstance(exc, UsageError) else UsageError
+        raise error(f"{origin}: bad value for {name}: {exc}") from None
 
 
 def _read_config_file(path: Path) -> dict[str, object]:

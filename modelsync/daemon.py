@@ -9,7 +9,12 @@ What runs, all on one event loop:
   A file that does not load (`ScheduleError`) is logged with its code,
   `bad_schedule`, and counted in `modelsync_schedule_load_errors_total`, and
   the last good schedule stays;
-- the local API on `<cache>/.modelsync/daemon.sock` (api.py);
+- the local API on `<cache>/.modelsync/daemon.sock` (api.py). Requests that
+  make the daemon download (`prefetch`, and `pull` from tenant pods that
+  mount the cache read-only and hold no credentials) are served only for
+  sources in the schedule or under `--allow` prefixes (core/allow.py); a
+  tenant's `pull` also has its use and lease recorded here, since the tenant
+  cannot write to the cache;
 - the HTTP listener with only `/metrics`, `/healthz` and `/readyz`. Neither
   probe touches S3: an object-store outage must not restart or unready the
   daemon, which rides it out with backoff.
@@ -40,8 +45,9 @@ from modelsync import api
 from modelsync.adapters.foreground import live_foreground
 from modelsync.adapters.schedule_file import parse_schedule_bytes, read_schedule_bytes
 from modelsync.config import Settings
+from modelsync.core.allow import allow_list
 from modelsync.core.plan import plan_json
-from modelsync.core.refs import parse_model_name
+from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.schedule import Schedule
 from modelsync.engine.inventory import ready_models, remote_sizes
 from modelsync.engine.pull import pull
@@ -55,6 +61,8 @@ log = logging.getLogger("modelsync.daemon")
 WATCH_INTERVAL_S = 1.0
 #: seconds the HTTP listener gives open requests when stopping
 HTTP_SHUTDOWN_S = 1.0
+#: the longest lease a tenant's pull may ask for; a longer one would pin the model in all but name
+MAX_LEASE_S = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,8 @@ class DaemonOptions:
     listen_host: str
     listen_port: int
     json_logs: bool = False
+    #: `bucket/` or `bucket/prefix/` strings (core.allow.parse_prefix) served besides the schedule's sources
+    allowed_prefixes: tuple[str, ...] = ()
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -156,7 +166,9 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
     watcher = ScheduleWatcher(options.schedule_path, reconciler, metrics)
     watcher.poll()
     sock = api.socket_path(settings.cache_dir)
-    api_server = await api.serve(sock, lambda request: _handle(reconciler, request))
+    api_server = await api.serve(
+        sock, lambda request: _handle(reconciler, options.allowed_prefixes, request)
+    )
     loop_task = asyncio.create_task(reconciler.run(stop))
     watch_task = asyncio.create_task(watcher.run(stop))
     runner = await _start_http(options, reconciler, metrics, loop_task)
@@ -212,7 +224,7 @@ async def _start_http(
     return runner
 
 
-async def _handle(reconciler: Reconciler, request: api.Message) -> api.Message:
+async def _handle(reconciler: Reconciler, prefixes: tuple[str, ...], request: api.Message) -> api.Message:
     op = request.get("op")
     if op == "status":
         plan = reconciler.plan
@@ -228,12 +240,48 @@ async def _handle(reconciler: Reconciler, request: api.Message) -> api.Message:
         models = request.get("models")
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise UsageError("prefetch needs 'models': a list of s3://bucket/prefix/ or bucket/prefix")
-        refs = [parse_model_name(m) for m in models]
+        refs = _allowed(reconciler, prefixes, models)
         futures = reconciler.request(refs)
         if request.get("wait", True):
             await asyncio.wait(futures)
         return {"models": [_outcome(ref.model_id, f) for ref, f in zip(refs, futures, strict=True)]}
-    raise UsageError(f"unknown op {op!r}; expected prefetch or status")
+    if op == "pull":
+        return await _tenant_pull(reconciler, prefixes, request)
+    raise UsageError(f"unknown op {op!r}; expected prefetch, pull or status")
+
+
+def _allowed(reconciler: Reconciler, prefixes: tuple[str, ...], models: list[str]) -> list[ModelRef]:
+    """Parse every model and refuse the whole request if one of them is not allowed."""
+    refs = [parse_model_name(m) for m in models]
+    schedule = reconciler.schedule
+    allowed = allow_list((m.source for m in schedule.models) if schedule else (), prefixes)
+    for ref in refs:
+        if not allowed.allows(ref):
+            extra = {"code": "not_allowed", "model": ref.model_id}
+            log.warning("refused a request for %s", ref.uri, extra=extra)
+        allowed.check(ref)
+    return refs
+
+
+async def _tenant_pull(
+    reconciler: Reconciler, prefixes: tuple[str, ...], request: api.Message
+) -> api.Message:
+    """`modelsync pull` from a pod that mounts the cache read-only: stage, then record the use and lease."""
+    model, lease_s = request.get("model"), request.get("lease_s")
+    if not isinstance(model, str):
+        raise UsageError("pull needs 'model': s3://bucket/prefix/")
+    if lease_s is not None and (
+        not isinstance(lease_s, int | float) or isinstance(lease_s, bool) or not 0 < lease_s <= MAX_LEASE_S
+    ):
+        raise UsageError(f"pull: 'lease_s' must be a number of seconds in (0, {MAX_LEASE_S:.0f}]")
+    (ref,) = _allowed(reconciler, prefixes, [model])
+    (future,) = reconciler.request([ref])
+    path = await future
+    await asyncio.to_thread(reconciler.cache.touch, ref)
+    if lease_s is not None:
+        await asyncio.to_thread(reconciler.cache.lease, ref, time.time() + float(lease_s))
+    log.info("served %s to a tenant pull", ref.model_id, extra={"model": ref.model_id, "lease_s": lease_s})
+    return {"model": ref.model_id, "path": str(path)}
 
 
 def _outcome(model_id: str, future: asyncio.Future[Path]) -> api.Message:

@@ -16,7 +16,8 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     │   └── ManifestError           modelsync.manifest.json is malformed
     ├── LocalStorageError (6)
     │   └── DiskFullError           not enough space for the model
-    └── RemoteUnavailableError (7)  endpoint unreachable or failing after retries
+    ├── RemoteUnavailableError (7)  endpoint unreachable or failing after retries
+    └── SourceNotAllowedError (8)   the node daemon does not serve this source to tenants
 
 Only adapters translate foreign exceptions (botocore, aiohttp, OSError) into
 these; the core raises them directly.
@@ -38,6 +39,7 @@ class ExitCode(IntEnum):
     INTEGRITY = 5
     LOCAL_STORAGE = 6
     REMOTE_UNAVAILABLE = 7
+    NOT_ALLOWED = 8
 
 
 class ModelsyncError(Exception):
@@ -51,6 +53,12 @@ class ModelsyncError(Exception):
 class UsageError(ModelsyncError):
     exit_code = ExitCode.USAGE
     code = "usage"
+
+
+class CaBundleError(UsageError):
+    """AWS_CA_BUNDLE names a file that holds no usable certificate: a configuration problem."""
+
+    code = "bad_ca_bundle"
 
 
 class ScheduleError(UsageError):
@@ -102,3 +110,14 @@ class DiskFullError(LocalStorageError):
 class RemoteUnavailableError(ModelsyncError):
     exit_code = ExitCode.REMOTE_UNAVAILABLE
     code = "remote_unavailable"
+
+
+class SourceNotAllowedError(ModelsyncError):
+    """A request over the daemon's socket for a source neither in the schedule nor in its allowed prefixes.
+
+    Its own exit code: the tenant's pull is refused by policy, which an
+    operator fixes in the schedule or the daemon's allow-list, not in the pod.
+    """
+
+    exit_code = ExitCode.NOT_ALLOWED
+    code = "not_allowed"

@@ -81,6 +81,14 @@ class DaemonMetrics:
             ["state", "staged"],
             registry=r,
         )
+        self.staged = Gauge(
+            "modelsync_model_staged",
+            "1 when the model (bucket/prefix) is ready in this node's cache, 0 when the pool wants it and it "
+            "is not: which nodes are warm for a model.",
+            ["model"],
+            registry=r,
+        )
+        self._staged_models: set[str] = set()
         self.fits = Gauge(
             "modelsync_schedule_fits_budget",
             "1 when the protected models and the fetches fit the budget, else 0.",
@@ -145,10 +153,19 @@ class DaemonMetrics:
             counts[(m.state, staged)] += 1
         for (state, staged), count in counts.items():
             self.models.labels(state=state, staged=staged).set(count)
+        self._observe_staged({m.model_id: m.action in (Action.KEEP, Action.EVICT) for m in plan.models})
         self.cache_used.set(plan.used_bytes)
         self.cache_budget.set(plan.budget_bytes or 0)
         self.fits.set(1 if plan.fits else 0)
         self.last_reconcile.set(reconciled_at)
+
+    def _observe_staged(self, staged: dict[str, bool]) -> None:
+        """One series per model of the plan; a model that left the plan drops its series."""
+        for model in self._staged_models - staged.keys():
+            self.staged.remove(model)
+        for model, is_staged in staged.items():
+            self.staged.labels(model=model).set(1 if is_staged else 0)
+        self._staged_models = set(staged)
 
     def pull_succeeded(self, label: str, seconds: float, margin_s: float | None) -> None:
         self.pull_duration.observe(seconds)

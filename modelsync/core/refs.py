@@ -55,12 +55,16 @@ class ModelRef:
         return key[len(self.prefix) :]
 
 
+def is_bucket_name(name: str) -> bool:
+    return bool(_BUCKET.match(name)) and ".." not in name
+
+
 def parse_source(text: str) -> ModelRef:
     """Parse `s3://bucket/prefix/`; a model is always a prefix below the bucket root."""
     if not text.startswith("s3://"):
         raise UsageError(f"source {text!r} is not an s3:// URI; use s3://bucket/prefix/")
     bucket, _, prefix = text[len("s3://") :].partition("/")
-    if not _BUCKET.match(bucket) or ".." in bucket:
+    if not is_bucket_name(bucket):
         raise UsageError(
             f"source {text!r}: {bucket!r} is not a valid bucket name "
             "(3-63 lowercase letters, digits, dots, hyphens)"

@@ -30,7 +30,6 @@ JOB_KINDS = ("ls", "prefetch", "evict", "verify")
 NAMESPACE = "modelsync"
 #: Kubernetes limits a Job's name to 63 characters (it becomes a label value)
 MAX_NAME_CHARS = 63
-POLL_S = 5.0
 
 
 def pool_taint(pool: str) -> str:
@@ -102,7 +101,7 @@ class Kubectl:
 
 
 def run_on_node(
-    kubectl: Kubectl, manifest: str, name: str, node: str, out: Path, timeout_s: float
+    kubectl: Kubectl, manifest: str, name: str, node: str, out: Path, timeout_s: float, poll_s: float
 ) -> NodeResult:
     kubectl.run("delete", "job", name, "--ignore-not-found", "--wait=true")
     kubectl.run("apply", "-f", "-", stdin=manifest)
@@ -110,14 +109,14 @@ def run_on_node(
     outcome = "timed out"
     while time.monotonic() < deadline:
         status = kubectl.run("get", "job", name, "-o", "jsonpath={.status.succeeded}/{.status.failed}")
-        succeeded, _, failed = status.partition("/")
+        succeeded, _, failed = status.strip().partition("/")
         if succeeded not in ("", "0"):
             outcome = "succeeded"
             break
         if failed not in ("", "0"):
             outcome = "failed"
             break
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
     log = out / f"{node}.log"
     log.write_text(kubectl.run("logs", f"job/{name}", "--all-containers", check=False))
     code = kubectl.run(
@@ -137,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", help="[default: the image of the pool's modelsync DaemonSet]")
     parser.add_argument("--parallel", type=int, default=4, help="Jobs running at once [4]")
     parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds to wait per node [6 h]")
+    parser.add_argument("--poll-interval", type=float, default=5.0, help="seconds between status checks [5]")
     parser.add_argument("--out", type=Path, default=Path("modelsync-results"), help="directory for logs")
     parser.add_argument("--context", help="kubectl context")
     parser.add_argument("--kubectl", default="kubectl")
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
         futures = {
             pool.submit(
-                run_on_node, kubectl, text, job_name(args.job, node), node, args.out, args.timeout
+                run_on_node,
+                kubectl, text, job_name(args.job, node), node, args.out, args.timeout, args.poll_interval,
             ): node
             for node, text in manifests.items()
         }

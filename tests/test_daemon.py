@@ -280,7 +280,9 @@ def test_prefetch_goes_through_the_socket_and_a_concurrent_pull_attaches_without
         env = moto_subprocess_s3_env.via(proxy.endpoint_url).subprocess_env()
         schedule = tmp_path / "schedule.yaml"
         schedule.write_text(schedule_text([]))
-        daemon = start_daemon(schedule, env, "--max-bandwidth", "3Mi/s", "--part-size", "1Mi")
+        daemon = start_daemon(
+            schedule, env, "--max-bandwidth", "3Mi/s", "--part-size", "1Mi", "--allow", "s3://models/org/"
+        )
         cache = ["--cache-dir", str(tmp_path / "cache")]
 
         queued = run_cli(env, "prefetch", "--no-wait", "models/org/m3/r1", *cache)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.s3env import S3Env
-from test_daemon import Daemon, payload, run_cli, schedule_text, start_daemon, upload
+from test_daemon import Daemon, payload, run_cli, schedule_text, start_daemon, upload, wait_until
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
@@ -151,6 +151,8 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
 ) -> None:
     env = moto_subprocess_s3_env.subprocess_env()
     cache = ["--cache-dir", str(served.cache)]
+    staged = {"model": "models/org/served/r1"}
+    wait_until(lambda: served.metric("modelsync_model_staged", **staged) == 0, what="the gauge shows it cold")
     refused = run_cli(env, "prefetch", UNLISTED, *cache)
     assert refused.returncode == ExitCode.NOT_ALLOWED
     assert "not in the schedule" in one_error_line(refused.stderr)
@@ -161,6 +163,7 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
         ok = run_cli(env, "prefetch", source, *cache)
         assert ok.returncode == 0, ok.stderr
     assert not (served.cache / "models/org/unlisted").exists()
+    wait_until(lambda: served.metric("modelsync_model_staged", **staged) == 1, what="the gauge shows it warm")
 
 
 def test_daemon_refuses_a_malformed_allowed_prefix_at_start(

@@ -166,6 +166,14 @@ def test_every_yaml_file_parses() -> None:
         assert docs and all(isinstance(d, dict) for d in docs), path
 
 
+def test_yamllint_passes_on_the_manifests_and_jobs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "yamllint", "--strict", "-c", str(ROOT / ".yamllint.yaml"), str(MANIFESTS), str(JOBS)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("name", sorted(CLUSTERS))
 def test_cluster_renders_the_shared_objects_once_and_one_daemonset_per_pool(name: str) -> None:
     objs = cluster(name)

@@ -168,7 +168,8 @@ def test_every_yaml_file_parses() -> None:
 
 def test_yamllint_passes_on_the_manifests_and_jobs() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "yamllint", "--strict", "-c", str(ROOT / ".yamllint.yaml"), str(MANIFESTS), str(JOBS)],
+        [sys.executable, "-m", "yamllint", "--strict", "-c", str(ROOT / ".yamllint.yaml"),
+         str(MANIFESTS), str(JOBS)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -275,7 +275,7 @@ async def _tenant_pull(
     ):
         raise UsageError(f"pull: 'lease_s' must be a number of seconds in (0, {MAX_LEASE_S:.0f}]")
     (ref,) = _allowed(reconciler, prefixes, [model])
-    (future,) = reconciler.request([ref])
+    (future,) = reconciler.request([ref], preempt=True)
     path = await future
     await asyncio.to_thread(reconciler.cache.touch, ref)
     if lease_s is not None:

@@ -196,3 +196,33 @@ def test_a_ca_bundle_without_a_certificate_is_one_configuration_line_and_exit_2(
     assert done.returncode == ExitCode.USAGE
     line = one_error_line(done.stderr)
     assert "AWS_CA_BUNDLE" in line and "holds no PEM certificate" in line and str(placeholder) in line
+
+
+@needs_mount_namespace
+@pytest.mark.root
+def test_a_tenants_cold_pull_preempts_the_daemons_background_prefetch_which_resumes_later(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    env = moto_subprocess_s3_env
+    slow = parse_source("s3://models/org/slow/r1/")
+    upload(env, slow.bucket, slow.prefix, {"slow.bin": payload(32 * MiB, 4)})
+    extra = parse_source(EXTRA)
+    upload(env, extra.bucket, extra.prefix, {"weights.bin": payload(2 * MiB, 3)})
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("slow", slow.uri, "soon")]))
+    daemon = start_daemon(
+        schedule, env.subprocess_env(), "--allow", "s3://models/extra/", "--max-bandwidth", "2Mi/s",
+        "--part-size", "1Mi",
+    )
+    fetched = "modelsync_fetched_bytes_total"
+    wait_until(lambda: (daemon.metric(fetched) or 0) > 0, what="the background prefetch")
+    home = tmp_path / "tenant-home"
+    home.mkdir()
+    done = tenant(daemon.cache, home, "pull", EXTRA)
+    assert done.returncode == 0, done.stderr
+    assert not (daemon.cache / "models/org/slow/r1").exists(), "the tenant did not wait for the slow model"
+    daemon.wait_for_log(lambda e: "yields to a waiting pod's pull" in str(e.get("msg")))
+    def starts() -> int:
+        return sum(str(e.get("msg")).startswith("prefetch slow") for e in daemon.logs())
+
+    wait_until(lambda: starts() >= 2, what="the background prefetch resumes")

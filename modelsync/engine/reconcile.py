@@ -193,19 +193,31 @@ class Reconciler:
         self.schedule = schedule
         self._changed()
 
-    def request(self, refs: list[ModelRef]) -> list[asyncio.Future[Path]]:
-        """Stage `refs` now, ahead of the schedule; each future ends with the ready path or an error."""
+    def request(self, refs: list[ModelRef], preempt: bool = False) -> list[asyncio.Future[Path]]:
+        """Stage `refs` now, ahead of the schedule; each future ends with the ready path or an error.
+
+        `preempt`: a pod is waiting (a tenant's pull), so a running background
+        prefetch of another model is cancelled, as for a foreground pull; it
+        resumes from its journal later.
+        """
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Path]] = []
+        pending = set()
         for ref in refs:
             future: asyncio.Future[Path] = loop.create_future()
             futures.append(future)
             if self.cache.ready_record(ref) is not None:
                 future.set_result(self.cache.ready_path(ref))
                 continue
+            pending.add(ref.model_id)
             self._waiters.setdefault(ref.model_id, []).append(future)
             self._requested.setdefault(ref.model_id, ref)
             self._retries.pop(ref.model_id, None)  # an operator asking is a reason to try now
+        job = self.current
+        if preempt and pending and job is not None and not job.requested and job.ref.model_id not in pending:
+            log.info("prefetch of %s yields to a waiting pod's pull", job.label, extra={"model": job.label})
+            job.paused = True
+            job.cancel.set()
         self._changed()
         return futures
 

@@ -137,24 +137,28 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
-def _ca_bundle(text: str) -> str | None:
-    """A PEM file holding at least one CA certificate.
+def check_ca_bundle(path: str) -> None:
+    """The file holds at least one PEM certificate; else CaBundleError (exit 2, a configuration problem).
 
-    Checked when settings are read: a placeholder left in the CA ConfigMap
-    would otherwise surface as an ssl.SSLError traceback on the first cold pull.
+    Checked when settings are read and again before each pull's TLS context is
+    built: a placeholder left in the CA ConfigMap, or one swapped in while the
+    daemon runs, would otherwise surface as an ssl.SSLError traceback.
     """
-    if not text:
-        return None
     try:
-        ssl.create_default_context(cafile=text)
+        ssl.create_default_context(cafile=path)
     except FileNotFoundError:
-        raise CaBundleError(f"{text} does not exist; mount the object store's CA there") from None
+        raise CaBundleError(f"{path} does not exist; mount the object store's CA there") from None
     except (ssl.SSLError, OSError, ValueError):
         raise CaBundleError(
-            f"{text} holds no PEM certificate; put the object store's CA "
+            f"{path} holds no PEM certificate; put the object store's CA "
             "(-----BEGIN CERTIFICATE----- ...) there"
         ) from None
-    return text
+
+
+def _ca_bundle(text: str) -> str | None:
+    if text:
+        check_ca_bundle(text)
+    return text or None
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {

@@ -44,7 +44,7 @@ from modelsync.adapters.ranged_http import (
     make_ssl_context,
 )
 from modelsync.adapters.s3 import S3, ObjectInfo, open_s3
-from modelsync.config import Settings
+from modelsync.config import Settings, check_ca_bundle
 from modelsync.core.etag import EtagKind, etag_kind, multipart_count, multipart_etag, part_size_fits
 from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
@@ -303,6 +303,8 @@ class _Puller:
     async def _data_plane(self) -> AsyncIterator[None]:
         s = self.settings
         https = (s.endpoint_url or "https://").startswith("https")
+        if https and s.ca_bundle and not s.insecure:
+            check_ca_bundle(s.ca_bundle)  # the file may have changed since the settings were read
         self.client = RangeClient(
             ssl_context=make_ssl_context(ca_bundle=s.ca_bundle, insecure=s.insecure) if https else None,
             connect_timeout_s=s.connect_timeout_s,

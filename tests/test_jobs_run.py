@@ -25,16 +25,15 @@ from typing import Any
 import certifi
 import pytest
 import yaml
+from support.kube import by_name, cluster, pod_spec, rendered_job
 from support.s3env import S3Env
 from test_daemon import payload, upload
-from test_manifests import RUN_ON_POOL, by_name, cluster, pod_spec
 
 from modelsync.errors import ExitCode
 
 Obj = dict[str, Any]
 POOL = "b300-serving"
 NODE = "gpu-b300-07"
-IMAGE = "registry.example.internal/platform/modelsync:0.1.0"
 MiB = 1024 * 1024
 
 
@@ -127,8 +126,7 @@ class Node:
 
 
 def job(kind: str, model: str = "deepseek-v3") -> Obj:
-    obj: Obj = yaml.safe_load(RUN_ON_POOL.render_job(kind, NODE, POOL, IMAGE, model))
-    return obj
+    return rendered_job(kind, POOL, NODE, model)
 
 
 @pytest.fixture

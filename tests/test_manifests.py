@@ -15,8 +15,6 @@ through a read-only mount and the daemon's allow-list in test_tenant_pull.py.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import re
 import shlex
@@ -26,13 +24,23 @@ import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from support.kube import (
+    JOBS,
+    MANIFESTS,
+    ROOT,
+    RUN_ON_POOL,
+    by_name,
+    cluster,
+    containers,
+    pod_spec,
+    rendered_job,
+)
 from typer.testing import CliRunner
 
 from modelsync import api
@@ -40,13 +48,10 @@ from modelsync.cli import app
 from modelsync.config import Settings
 from modelsync.metrics import DaemonMetrics
 
-ROOT = Path(__file__).resolve().parent.parent
-MANIFESTS = ROOT / "manifests"
 CLUSTERS = {"datacenter": ("a100-serving", "b300-serving"), "spark": ("spark-serving",)}
 TAINTS = {"spark-serving": "gpu-spark", "a100-serving": "gpu-a100", "b300-serving": "gpu-b300"}
 POOLS = tuple(TAINTS)
 EXAMPLES = sorted((MANIFESTS / "examples").glob("*.yaml"))
-JOBS = ROOT / "jobs"
 JOB_KINDS = ("ls", "prefetch", "evict", "verify")
 DOCKERFILE = ROOT / "Dockerfile"
 SHARED = {
@@ -69,61 +74,11 @@ ARGO_TRACKING_LABEL = "app.kubernetes.io/instance"
 Obj = dict[str, Any]
 
 
-# --------------------------------------------------------------------------- rendering
-
-
-@functools.cache
-def kustomize(directory: Path) -> tuple[Obj, ...]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is needed to render the manifests (kubectl kustomize); install it"
-    done = subprocess.run(
-        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d is not None)
-
-
-def cluster(name: str) -> list[Obj]:
-    return list(kustomize(MANIFESTS / "clusters" / name))
-
-
-def load_module(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-RUN_ON_POOL = load_module(JOBS / "run_on_pool.py")
-
-
-def rendered_job(kind: str, pool: str, node: str = "gpu-node-07") -> Obj:
-    text = RUN_ON_POOL.render_job(kind, node, pool, "registry.example.internal/platform/modelsync:0.1.0",
-                                  "deepseek-v3")
-    obj: Obj = yaml.safe_load(text)
-    return obj
+# --------------------------------------------------------------------------- sources
 
 
 def examples() -> list[Obj]:
     return [d for path in EXAMPLES for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def pod_spec(workload: Obj) -> Obj:
-    if workload["kind"] == "InferenceService":
-        spec: Obj = workload["spec"]["predictor"]
-        return spec
-    spec = workload["spec"]["template"]["spec"]
-    return spec
-
-
-def containers(spec: Obj) -> list[Obj]:
-    return [*spec.get("initContainers", []), *spec["containers"]]
-
-
-def by_name(items: list[Obj] | None) -> dict[str, Obj]:
-    return {item["name"]: item for item in items or []}
 
 
 def workloads() -> Iterator[tuple[str, str, Obj]]:

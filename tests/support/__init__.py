@@ -1,4 +1,4 @@
-"""Test support: real S3 servers (moto) and a fault-injecting HTTP proxy.
+"""Test support: real S3 servers (moto), a fault-injecting HTTP proxy, and the rendered Kubernetes delivery.
 
 Everything here talks over real loopback sockets, so adapters and the CLI are
 tested against the same HTTP stack they meet in production.

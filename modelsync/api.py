@@ -128,8 +128,14 @@ def pull_via_daemon(cache_root: Path, ref: ModelRef, lease_s: float | None) -> P
     None when no daemon answers, so the caller can still hand out a model that
     is already ready. The daemon's refusal or failure is raised with its exit code.
     """
+    sock = socket_path(cache_root)
+    if sock.exists() and not os.access(sock, os.R_OK | os.W_OK):
+        raise LocalStorageError(
+            f"no permission to connect to the node daemon's socket {sock}; run in the cache's group "
+            f"(gid {sock.stat().st_gid}: add it to the pod's securityContext.supplementalGroups)"
+        )
     try:
-        reply = call(socket_path(cache_root), {"op": "pull", "model": ref.uri, "lease_s": lease_s})
+        reply = call(sock, {"op": "pull", "model": ref.uri, "lease_s": lease_s})
     except ConnectionError:
         raise LocalStorageError(
             "the node daemon stopped before answering; run the command again once it is back"

@@ -77,7 +77,7 @@ def pull(
     )
     from modelsync.engine.ready import warm_path
 
-    if settings.cache_dir.is_dir() and not os.access(settings.cache_dir, os.W_OK):
+    if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
         if verify:
             raise UsageError("--verify needs a writable cache; run `modelsync verify` where the cache is")
         typer.echo(str(_tenant_pull(settings.cache_dir, ref, lease_s)))

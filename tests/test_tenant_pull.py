@@ -41,26 +41,34 @@ needs_mount_namespace = pytest.mark.skipif(
 #: in a private mount namespace: make the cache read-only, record the environment, prove writes fail, run
 _TENANT = """
 set -e
-mount --bind "$CACHE" "$CACHE"
-mount -o remount,bind,ro "$CACHE"
+if [ "$VIEW" != "$CACHE" ]; then mount -t tmpfs tenant-view "${VIEW%/*}"; mkdir -p "$VIEW"; fi
+mount --bind "$CACHE" "$VIEW"
+mount -o remount,bind,ro "$VIEW"
 env > "$ENV_DUMP"
-if touch "$CACHE/.tenant-probe" 2>/dev/null; then echo "the cache is writable" >&2; exit 99; fi
+if touch "$VIEW/.tenant-probe" 2>/dev/null; then echo "the cache is writable" >&2; exit 99; fi
 exec "$@"
 """
 
 
-def tenant(cache: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def tenant(
+    cache: Path, home: Path, *args: str, as_user: tuple[str, ...] = (), view: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run modelsync as a tenant: the cache read-only at `view` (default: its own path), no AWS setting.
+
+    A `view` elsewhere (a tmpfs of the namespace) lets a non-root `as_user` reach the cache
+    without opening up the test's private temporary directories."""
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(home),
         "LANG": "C.UTF-8",
-        "MODELSYNC_CACHE_DIR": str(cache),
+        "MODELSYNC_CACHE_DIR": str(view or cache),
         "CACHE": str(cache),
+        "VIEW": str(view or cache),
         "ENV_DUMP": str(home / "env"),
     }
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", _TENANT, "tenant",
-         sys.executable, "-m", "modelsync", *args],
+         *as_user, sys.executable, "-m", "modelsync", *args],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )
 
@@ -226,3 +234,17 @@ def test_a_tenants_cold_pull_preempts_the_daemons_background_prefetch_which_resu
         return sum(str(e.get("msg")).startswith("prefetch slow") for e in daemon.logs())
 
     wait_until(lambda: starts() >= 2, what="the background prefetch resumes")
+
+
+@needs_mount_namespace
+@pytest.mark.root
+def test_a_tenant_outside_the_cache_group_is_told_to_add_it_in_one_line(
+    tmp_path: Path, served: Daemon
+) -> None:
+    home = tmp_path / "tenant-home"  # the stranger cannot reach it, and needs not
+    home.mkdir()
+    stranger = ("setpriv", "--reuid=10002", "--regid=10002", "--clear-groups")
+    done = tenant(served.cache, home, "pull", SCHEDULED, as_user=stranger, view=Path("/mnt/model-cache"))
+    assert done.returncode == ExitCode.LOCAL_STORAGE, done.stderr
+    line = one_error_line(done.stderr)
+    assert "/mnt/model-cache/.modelsync/daemon.sock" in line and "supplementalGroups" in line

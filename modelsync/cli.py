@@ -75,13 +75,12 @@ def pull(
     settings = build_settings(
         cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
     )
-    from modelsync.engine.ready import warm_path
-
     if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
         if verify:
             raise UsageError("--verify needs a writable cache; run `modelsync verify` where the cache is")
         typer.echo(str(_tenant_pull(settings.cache_dir, ref, lease_s)))
         return
+    from modelsync.engine.ready import warm_path
 
     path = warm_path(settings.cache_dir, ref)
     if path is not None and verify:
@@ -99,9 +98,9 @@ def _tenant_pull(cache_dir: Path, ref: ModelRef, lease_s: float | None) -> Path:
     from modelsync import api
     from modelsync.engine.ready import warm_path
 
-    path = api.pull_via_daemon(cache_dir, ref, lease_s)
-    if path is not None:
-        return path
+    if api.pull_via_daemon(cache_dir, ref, lease_s) is not None:
+        # The daemon's path is in its own mount; print it as this pod sees the cache.
+        return Cache(cache_dir).ready_path(ref)
     path = warm_path(cache_dir, ref)
     if path is None:
         raise LocalStorageError(

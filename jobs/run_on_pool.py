@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import hashlib
+import re
 import subprocess
 import sys
 import time
@@ -60,6 +61,12 @@ def render_job(kind: str, node: str, pool: str, image: str, model: str | None = 
     ):
         text = text.replace(placeholder, value)
     return text
+
+
+def deadline_s(manifest: str) -> float:
+    """The Job's activeDeadlineSeconds: Kubernetes stops it then, so waiting longer is pointless."""
+    found = re.search(r"^  activeDeadlineSeconds: (\d+)$", manifest, re.M)
+    return float(found.group(1)) if found else 6 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", help="comma-separated nodes [default: every node of the pool]")
     parser.add_argument("--image", help="[default: the image of the pool's modelsync DaemonSet]")
     parser.add_argument("--parallel", type=int, default=4, help="Jobs running at once [4]")
-    parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds to wait per node [6 h]")
+    parser.add_argument(
+        "--timeout", type=float, help="seconds to wait per node [the Job's activeDeadlineSeconds + 5 min]"
+    )
     parser.add_argument("--poll-interval", type=float, default=5.0, help="seconds between status checks [5]")
     parser.add_argument("--out", type=Path, default=Path("modelsync-results"), help="directory for logs")
     parser.add_argument("--context", help="kubectl context")
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no node carries accelerator.pool={args.pool}", file=sys.stderr)
         return 2
     manifests = {node: render_job(args.job, node, args.pool, image, args.model) for node in nodes}
+    timeout_s = args.timeout or deadline_s(next(iter(manifests.values()))) + 300
     if args.dry_run:
         print("---\n".join(manifests.values()), end="")
         return 0
@@ -164,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         futures = {
             pool.submit(
                 run_on_node,
-                kubectl, text, job_name(args.job, node), node, args.out, args.timeout, args.poll_interval,
+                kubectl, text, job_name(args.job, node), node, args.out, timeout_s, args.poll_interval,
             ): node
             for node, text in manifests.items()
         }

@@ -673,3 +673,42 @@ def test_hadolint_passes_on_the_dockerfile() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --------------------------------------------------------------------------- the README's deployment guide
+
+
+def deploy_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Deploy on Kubernetes")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_the_deploy_guide_covers_node_preparation_credentials_argo_cd_and_checking() -> None:
+    section = deploy_section()
+    for needle in (
+        "mkfs.xfs", "/model-cache", "chgrp 10001", "chmod 2775", "container_file_t", "restorecon",
+        "kind: ExternalSecret", "modelsync-s3-credentials", "ca.crt", "kind: Application",
+        "kind: ApplicationSet", "modelsync plan", "run_on_pool.py --pool b300-serving ls",
+        "/metrics", "docker buildx build --platform linux/amd64,linux/arm64",
+    ):
+        assert needle in section, needle
+
+
+def test_the_deploy_guides_yaml_parses_and_its_argo_cd_paths_exist() -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", deploy_section(), re.S)
+    docs = [yaml.safe_load(block) for block in blocks]
+    kinds = {d["kind"] for d in docs}
+    assert {"ExternalSecret", "Application", "ApplicationSet"} <= kinds
+    for doc in docs:
+        if doc["kind"] == "ExternalSecret":
+            assert doc["spec"]["target"]["name"] == "modelsync-s3-credentials"
+            keys = {d["secretKey"] for d in doc["spec"]["data"]}
+            assert keys == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        if doc["kind"] == "Application":
+            assert (ROOT / doc["spec"]["source"]["path"]).is_dir()
+        if doc["kind"] == "ApplicationSet":
+            (generator,) = doc["spec"]["generators"]
+            (expr,) = generator["clusters"]["selector"]["matchExpressions"]
+            assert set(expr["values"]) == set(CLUSTERS)
+            assert "manifests/clusters/" in doc["spec"]["template"]["spec"]["source"]["path"]

@@ -712,3 +712,16 @@ def test_the_deploy_guides_yaml_parses_and_its_argo_cd_paths_exist() -> None:
             (expr,) = generator["clusters"]["selector"]["matchExpressions"]
             assert set(expr["values"]) == set(CLUSTERS)
             assert "manifests/clusters/" in doc["spec"]["template"]["spec"]["source"]["path"]
+
+
+def test_the_build_context_holds_exactly_what_the_dockerfile_copies() -> None:
+    copied = set()
+    for stage in dockerfile_stages():
+        for line in stage:
+            if line.startswith("COPY ") and "--from=" not in line:
+                copied |= set(line.split()[1:-1])
+    included = {
+        line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    }
+    assert copied == included == {"requirements.lock", "pyproject.toml", "README.md", "modelsync"}
+    assert "*" in (ROOT / ".dockerignore").read_text().splitlines()

@@ -8,7 +8,7 @@ resolve against those ConfigMaps and a Secret holding the test keys, and mount
 paths in arguments and values map to those directories. The site values an
 operator sets in the cluster folder are set the same way: the endpoint (the
 moto server) and the CA file. Nothing else of the YAML is changed, except that
-the daemon listens on loopback (tests never bind other addresses).
+the daemon listens on a free loopback port (tests never bind other addresses).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class Node:
             if value is not None:
                 env[var["name"]] = value
         assert "command" not in container, "the image's entrypoint, modelsync, runs the args"
-        args = [a.replace("0.0.0.0:", "127.0.0.1:") for a in container["args"]]
+        # Loopback and a free port: tests bind nothing else, and run side by side.
+        args = [re.sub(r"^0\.0\.0\.0:\d+$", "127.0.0.1:0", a) for a in container["args"]]
         argv = [sys.executable, "-m", "modelsync", *(self._local(a, mounts) for a in args)]
         return argv, {k: self._local(v, mounts) for k, v in env.items()}
 

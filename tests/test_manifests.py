@@ -725,3 +725,19 @@ def test_the_build_context_holds_exactly_what_the_dockerfile_copies() -> None:
     }
     assert copied == included == {"requirements.lock", "pyproject.toml", "README.md", "modelsync"}
     assert "*" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_the_daemon_listens_where_its_probes_port_and_service_point() -> None:
+    for name in CLUSTERS:
+        objs = cluster(name)
+        service = next(o for o in objs if o["kind"] == "Service")
+        for ds in (o for o in objs if o["kind"] == "DaemonSet"):
+            container = by_name(pod_spec(ds)["containers"])["daemon"]
+            args = container["args"]
+            port = int(args[args.index("--listen") + 1].rsplit(":", 1)[1])
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            assert ports == {"metrics": port}
+            for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                                ("readinessProbe", "/readyz")):
+                assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
+            assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "metrics")]

@@ -741,3 +741,37 @@ def test_the_daemon_listens_where_its_probes_port_and_service_point() -> None:
                                 ("readinessProbe", "/readyz")):
                 assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
             assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "metrics")]
+
+
+def quantity(value: str | int) -> float:
+    """A Kubernetes quantity as a number of cores or bytes."""
+    text = str(value)
+    for suffix, factor in (("Mi", 2**20), ("Gi", 2**30), ("m", 1e-3)):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def test_daemons_are_locked_down_and_sized_per_pool() -> None:
+    cpu_limits = {}
+    for name in CLUSTERS:
+        for ds in (o for o in cluster(name) if o["kind"] == "DaemonSet"):
+            pod = pod_spec(ds)["securityContext"]
+            assert pod["runAsNonRoot"] is True and pod["runAsUser"] == UID
+            assert pod["runAsGroup"] == GID == pod["fsGroup"]
+            assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+            container = by_name(pod_spec(ds)["containers"])["daemon"]
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "readOnlyRootFilesystem": True,
+                "runAsNonRoot": True,
+                "capabilities": {"drop": ["ALL"]},
+            }
+            resources = container["resources"]
+            for key in ("cpu", "memory"):
+                assert quantity(resources["requests"][key]) <= quantity(resources["limits"][key])
+            # The pull keeps ~128 MiB in flight; request equals limit so the daemon is not the OOM victim.
+            assert resources["requests"]["memory"] == resources["limits"]["memory"] == "256Mi"
+            cpu_limits[ds["metadata"]["labels"]["modelsync.io/pool"]] = quantity(resources["limits"]["cpu"])
+    assert cpu_limits["b300-serving"] > cpu_limits["a100-serving"] >= cpu_limits["spark-serving"]

@@ -18,7 +18,7 @@ from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
 from modelsync.cli_common import CacheDir, ConfigFile, EndpointUrl, Quiet, build_settings
 from modelsync.config import Settings
-from modelsync.core.eviction import EvictionPlan, plan_named, plan_to_size, plan_unused, unique_bytes
+from modelsync.core.eviction import EvictionPlan, budget_use, plan_named, plan_to_size, plan_unused
 from modelsync.core.refs import parse_model_name
 from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_size
 from modelsync.engine.catalog import Catalog, ModelView, open_catalog
@@ -33,10 +33,11 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     """List cached models: size, last use, pin, state, verification, and totals against the budget."""
     settings = build_settings(cache_dir=cache_dir, config=config)
     cache = Cache(settings.cache_dir)
+    budget = budget_bytes(settings)
     with open_catalog(cache) as catalog:
         views = catalog.views()
-        used = unique_bytes(catalog.eviction_entries(views))
-    budget = budget_bytes(settings)
+        use = budget_use(catalog.eviction_entries(views), budget)
+    used = use.used_bytes
     free = fs.free_bytes(settings.cache_dir)
     if as_json:
         doc = {
@@ -62,6 +63,8 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     for r in rows:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     limit = f" of a {format_bytes(budget)} budget" if budget is not None else ""
+    if use.over_bytes:
+        limit += f" (over by {format_bytes(use.over_bytes)})"
     typer.echo(f"{len(views)} models, {format_bytes(used)} used{limit}, {format_bytes(free)} free on disk")
 
 

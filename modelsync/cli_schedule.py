@@ -89,10 +89,11 @@ def plan(
 
     from modelsync.adapters.cache import Cache
     from modelsync.adapters.schedule_file import read_schedule
+    from modelsync.core.eviction import EntryState
     from modelsync.core.plan import parse_instant, plan_json, plan_node, render_plan
     from modelsync.core.units import parse_size
     from modelsync.engine.evict import budget_bytes
-    from modelsync.engine.inventory import RemoteSizes, ready_models, remote_sizes
+    from modelsync.engine.inventory import RemoteSizes, cache_entries, remote_sizes
 
     loaded = read_schedule(schedule)
     pool_name = _pool(pool)
@@ -106,15 +107,16 @@ def plan(
     settings = build_settings(
         cache_dir, endpoint_url, region, config, None, None, _rate(max_bandwidth), insecure
     )
-    cached = ready_models(Cache(settings.cache_dir))
-    missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in cached]
+    entries = cache_entries(Cache(settings.cache_dir))
+    ready = {e.model for e in entries if e.state is EntryState.READY}
+    missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
     sizes = RemoteSizes({}, {}) if offline else remote_sizes(settings, missing)
     for model_id, reason in sizes.unknown.items():
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
     rate = parse_size(_rate(bandwidth) or "0") or settings.max_bandwidth_bytes_per_s
     limit = parse_size(budget) if budget else budget_bytes(settings)
     node_plan = plan_node(
-        loaded, pool_name, now, cached, limit, float(rate) or None, sizes.known, settings.in_use_grace_s
+        loaded, pool_name, now, entries, limit, float(rate) or None, sizes.known, settings.in_use_grace_s
     )
     if json_output:
         typer.echo(json.dumps(plan_json(node_plan), indent=2))

@@ -49,7 +49,7 @@ from modelsync.core.allow import allow_list
 from modelsync.core.plan import plan_json
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.schedule import Schedule
-from modelsync.engine.inventory import ready_models, remote_sizes
+from modelsync.engine.inventory import cache_entries, remote_sizes
 from modelsync.engine.pull import pull
 from modelsync.engine.reconcile import LoopConfig, Reconciler
 from modelsync.errors import ModelsyncError, ScheduleError, UsageError
@@ -160,7 +160,7 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     metrics = DaemonMetrics()
     reconciler = Reconciler(
-        settings, options.loop, metrics, pull, ready_models, live_foreground, remote_sizes
+        settings, options.loop, metrics, pull, cache_entries, live_foreground, remote_sizes
     )
     reconciler.cache.ensure()
     watcher = ScheduleWatcher(options.schedule_path, reconciler, metrics)

@@ -68,7 +68,9 @@ class DaemonMetrics:
             registry=r,
         ).set_function(self.throughput.rate)
         self.cache_used = Gauge(
-            "modelsync_cache_used_bytes", "Bytes of ready models in the cache.", registry=r
+            "modelsync_cache_used_bytes",
+            "Bytes the cache holds against its budget (shared files once, plus running pulls' claims).",
+            registry=r,
         )
         self.cache_budget = Gauge(
             "modelsync_cache_budget_bytes",

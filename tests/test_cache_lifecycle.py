@@ -403,7 +403,11 @@ def test_evict_to_size_and_unused_for_go_in_lru_order_and_skip_pinned_and_in_use
 
     plan = run("evict", "--to-size", "0", "--dry-run", env=hour_grace)
     assert plan.returncode == ExitCode.USAGE  # 0 bytes can never be reached with pinned + in use
-    assert "cannot free" in one_error_line(plan.stderr)
+    refused = one_error_line(plan.stderr)
+    assert "cannot free" in refused
+    assert f"{pinned.name} (pinned)" in refused
+    assert f"{in_use.name} (in use: used " in refused and ", grace 1h)" in refused, refused
+    assert "(in use (" not in refused, "the reason is said once"
 
     to_size = run("evict", "--to-size", str(3 * in_use.size_bytes), env=hour_grace)
     assert to_size.returncode == 0, to_size.stderr
@@ -463,6 +467,8 @@ def test_a_pull_that_can_never_fit_exits_6_naming_what_is_pinned_and_publishes_n
     assert result.returncode == ExitCode.LOCAL_STORAGE
     line = one_error_line(result.stderr)
     assert f"{first.name} (pinned)" in line and f"{second.name} (pinned)" in line
+    assert "needs 1.0 MiB, with a cache budget of 2.5 MiB; cannot free " in line
+    assert "bytes" not in line, "one human unit style throughout"
     assert not os.path.lexists(cache.ready_path(incoming.ref))
     assert not cache.record_path(incoming.ref).exists()
     assert list(cache.reservations_dir.iterdir()) == []

@@ -25,6 +25,7 @@ from support.motoserver import SubprocessMoto
 from support.s3env import S3Env
 
 from modelsync.core.refs import parse_source
+from modelsync.core.units import format_bytes
 from modelsync.errors import ExitCode
 
 MiB = 1024 * 1024
@@ -205,7 +206,7 @@ def test_cli_pull_when_the_disk_is_full_exits_6_with_bytes_needed_and_free(
     done = run_cli(
         [f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], s3_env.subprocess_env(), NO_SPACE
     )
-    assert_user_error(done, ExitCode.LOCAL_STORAGE, f"needs {MiB} bytes", "bytes free")
+    assert_user_error(done, ExitCode.LOCAL_STORAGE, f"needs {format_bytes(MiB)}", " free")
     assert_nothing_published(tmp_path, cache)
 
 

@@ -28,6 +28,7 @@ from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 
 from modelsync.adapters.cache import STATE_DIR
+from modelsync.core.units import format_bytes
 
 POOL = "test-pool"
 MiB = 1024 * 1024
@@ -471,4 +472,101 @@ def test_a_foreground_pull_pauses_the_daemons_prefetch_which_then_resumes_from_i
         # a refetch from scratch would add the 2+ MiB fetched before the pause; a resume
         # repeats at most the one part that was in flight
         assert proxy.bytes_sent("slow.bin") <= size + MiB
+    assert daemon.stop()[0] == 0
+
+
+def shared_revisions(env: S3Env) -> tuple[int, int]:
+    """Two revisions of one model that share everything but config.json, as the issue's cache did.
+
+    Returns the bytes the cache holds once both are pulled (the shared file once) and
+    the size of one config.json.
+    """
+    weights = payload(4 * MiB, 7)
+    configs = {rev: json.dumps({"revision": rev, "pad": "x" * 80}).encode() for rev in ("r1", "r2")}
+    for rev, config in configs.items():
+        upload(env, "models", f"org/m/{rev}/", {"weights.bin": weights, "config.json": config})
+    config_bytes = len(configs["r1"])
+    return len(weights) + 2 * config_bytes, config_bytes
+
+
+def test_ls_plan_evict_and_the_daemon_agree_on_revisions_that_share_files(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    used, config_bytes = shared_revisions(moto_subprocess_s3_env)
+    env = budget_env(moto_subprocess_s3_env, "5Mi")
+    cache = tmp_path / "cache"
+    for rev in ("r1", "r2"):
+        stage_with_pull(env, cache, f"s3://models/org/m/{rev}/")
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("m", "s3://models/org/m/r2/", "soon")]))
+    at = ("--cache-dir", str(cache))
+
+    def plan(budget: str) -> dict[str, object]:
+        result = run_cli(env, "plan", "--schedule", str(schedule), "--pool", POOL, "--offline",
+                         "--json", "--budget", budget, *at)
+        assert result.returncode == 0, result.stderr
+        doc: dict[str, object] = json.loads(result.stdout)
+        return doc
+
+    listed = run_cli(env, "ls", "--json", *at)
+    assert json.loads(listed.stdout)["totals"]["used_bytes"] == used
+    assert run_cli(env, "ls", *at).stdout.splitlines()[-1].startswith(
+        f"2 models, {format_bytes(used)} used of a 5.0 MiB budget,"
+    )
+    roomy = plan("5Mi")
+    assert (roomy["used_bytes"], roomy["fits"], roomy["evict"]) == (used, True, [])
+
+    # Over by half a config.json: evicting r1 frees exactly its config.json, and says so.
+    tight = plan(str(used - config_bytes // 2))
+    assert (tight["used_bytes"], tight["fits"], tight["evict"]) == (used, True, ["models/org/m/r1"])
+    assert tight["eviction"]["freed_bytes"] == config_bytes  # type: ignore[index]
+    dry = run_cli(env, "evict", "models/org/m/r1", "--dry-run", *at)
+    assert dry.stdout.splitlines()[0] == f"evict 1 model, freeing {format_bytes(config_bytes)}"
+
+    # Over by two config.json files: r1 cannot free that much, and r2 is what the schedule wants.
+    short = plan("4Mi")
+    summary = str(short["eviction"]["summary"])  # type: ignore[index]
+    assert short["fits"] is False
+    assert summary.startswith(
+        f"cannot free {format_bytes(2 * config_bytes)}: evicting every eligible model frees only "
+        f"{format_bytes(config_bytes)}; protected: models/org/m/r2 (the schedule needs it: prefetch on m)"
+    ), summary
+
+    daemon = start_daemon(schedule, env)
+    wait_until(lambda: daemon.metric("modelsync_cache_used_bytes") == used, what="the cache is counted")
+    assert daemon.metric("modelsync_schedule_fits_budget") == 1
+    assert daemon.metric("modelsync_cache_budget_bytes") == 5 * MiB
+    assert not [e for e in daemon.logs() if e.get("code") == "over_budget"]
+    assert daemon.stop()[0] == 0
+
+    over = start_daemon(schedule, {**env, "MODELSYNC_CACHE_MAX_BYTES": "4Mi"})
+    misfit = over.wait_for_log(lambda e: e.get("code") == "over_budget")
+    assert misfit["msg"] == f"cache budget: {summary}"
+    assert over.metric("modelsync_schedule_fits_budget") == 0
+    assert over.metric("modelsync_cache_used_bytes") == used
+    assert over.stop()[0] == 0
+
+
+def test_the_daemons_refresh_checks_do_not_count_as_uses_of_a_model(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    upload(moto_subprocess_s3_env, "models", "org/r/r1/", {"w.bin": payload(MiB, 9)})
+    env = budget_env(moto_subprocess_s3_env, "10Mi")
+    cache = tmp_path / "cache"
+    stage_with_pull(env, cache, "s3://models/org/r/r1/")
+    used_marker = next((cache / STATE_DIR / "used").iterdir())
+    hours_ago = time.time() - 5 * 3600
+    os.utime(used_marker, (hours_ago, hours_ago))
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("r", "s3://models/org/r/r1/", "soon")]))
+
+    daemon = start_daemon(schedule, env, "--refresh", "1s")
+    # one pull at a time: a second check has started only once the first has finished
+    wait_until(lambda: sum("refresh check of" in str(e.get("msg")) for e in daemon.logs()) >= 2,
+               what="two refresh checks")
+
+    assert abs(used_marker.stat().st_mtime - hours_ago) < 1
+    listed = json.loads(run_cli(env, "ls", "--json", "--cache-dir", str(cache)).stdout)
+    last_used = datetime.fromisoformat(listed["models"][0]["last_used"]).timestamp()
+    assert last_used == pytest.approx(hours_ago, abs=1)
     assert daemon.stop()[0] == 0

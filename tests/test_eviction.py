@@ -286,7 +286,7 @@ def test_plan_eviction_refuses_a_negative_need() -> None:
     [
         ([entry("a", 0, pinned=True)], {}, "pinned"),
         ([entry("a", 0, state=PULLING)], {}, "pulling"),
-        ([entry("a", 180)], {}, "in use (used 3m ago, grace 10m)"),
+        ([entry("a", 180)], {}, "in use: used 3m ago, grace 10m"),
         ([entry("a", 0, lease_s=1800)], {}, "leased by a consumer until 2026-01-01T00:30:00Z"),
         ([entry("a", HOUR)], {"a": "scheduled for pool gpu-a at 14:00"}, "scheduled for pool"),
     ],
@@ -310,7 +310,7 @@ def test_describe_lists_what_goes_and_what_stays() -> None:
     assert plan_eviction(big, 2**30, NOW, GRACE_S).describe() == [
         "evict 1 model, freeing 3.0 GiB (needed 1.0 GiB)",
         "  evict a",
-        "  keep b: in use (used 0s ago, grace 10m)",
+        "  keep b: in use: used 0s ago, grace 10m",
     ]
 
 

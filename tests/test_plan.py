@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from modelsync.core.desired import ModelState, desired_models
+from modelsync.core.eviction import Blob, CacheEntry
 from modelsync.core.plan import (
     UNSCHEDULED,
     Action,
-    CachedModel,
     parse_instant,
     plan_json,
     plan_node,
@@ -57,12 +57,18 @@ def sched(*models: ScheduledModel) -> Schedule:
     return Schedule(version=1, timezone="UTC", models=models)
 
 
+def cached(model_id: str, size_bytes: int, last_used: float, pinned: bool = False) -> CacheEntry:
+    """A ready model whose files nothing else shares."""
+    blob = Blob((0, hash(model_id)), size_bytes)
+    return CacheEntry(model_id, last_used, pinned, blobs=frozenset({blob}))
+
+
 def mid(name: str) -> str:
     return f"models/org/{name}/r1"
 
 
 def test_plan_fetches_a_model_inside_its_lead_time_and_says_when_it_will_be_ready() -> None:
-    plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, {}, None, 1e6, {mid("a"): GB})
+    plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, (), None, 1e6, {mid("a"): GB})
     (a,) = plan.fetch
     assert (a.state, a.ready_at) == ("prefetch", AT_0730 + timedelta(seconds=1000))
     assert a.margin_s == 1800 - 1000 and not a.late
@@ -70,7 +76,7 @@ def test_plan_fetches_a_model_inside_its_lead_time_and_says_when_it_will_be_read
 
 
 def test_plan_flags_a_model_that_will_be_ready_after_its_window_opens() -> None:
-    plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, {}, None, 0.4e6, {mid("a"): GB})
+    plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, (), None, 0.4e6, {mid("a"): GB})
     (a,) = plan.fetch
     assert a.late and a.margin_s == 1800 - 2500
     assert a.note(AT_0730) == "ready 11m40s after the window opens"
@@ -85,7 +91,7 @@ def test_plan_fetches_one_model_at_a_time_and_upcoming_ones_start_at_their_prefe
         model("later", (daily(12),)),
     )
     sizes = {mid(n): GB for n in ("always", "soon", "sooner-high", "later")}
-    plan = plan_node(schedule, "p", AT_0730, {}, None, 1e6, sizes)
+    plan = plan_node(schedule, "p", AT_0730, (), None, 1e6, sizes)
     assert [m.label for m in plan.fetch] == ["always", "sooner-high", "soon"]
     ready = {m.label: m.ready_at for m in plan.models}
     assert ready["always"] == AT_0730 + timedelta(seconds=1000)
@@ -98,22 +104,38 @@ def test_plan_fetches_one_model_at_a_time_and_upcoming_ones_start_at_their_prefe
 
 def test_plan_keeps_cached_models_and_evicts_the_least_recently_used_only_to_make_room() -> None:
     schedule = sched(model("a", (daily(8),)))
-    cached = {
-        "models/old/x": CachedModel(5 * GB, last_used=1.0),
-        "models/new/y": CachedModel(5 * GB, last_used=2.0),
-    }
-    roomy = plan_node(schedule, "p", AT_0730, cached, 20 * GB, None, {mid("a"): 4 * GB})
+    entries = (cached("models/old/x", 5 * GB, last_used=1.0), cached("models/new/y", 5 * GB, last_used=2.0))
+    roomy = plan_node(schedule, "p", AT_0730, entries, 20 * GB, None, {mid("a"): 4 * GB})
     assert roomy.evict == () and roomy.fits
-    assert {m.model_id for m in roomy.keep} == set(cached)
-    tight = plan_node(schedule, "p", AT_0730, cached, 12 * GB, None, {mid("a"): 4 * GB})
+    assert {m.model_id for m in roomy.keep} == {"models/old/x", "models/new/y"}
+    tight = plan_node(schedule, "p", AT_0730, entries, 12 * GB, None, {mid("a"): 4 * GB})
     assert [m.model_id for m in tight.evict] == ["models/old/x"]
     assert tight.fits and [m.state for m in tight.evict] == [UNSCHEDULED]
 
 
+def test_plan_counts_files_that_revisions_share_once_and_evicts_only_for_bytes_it_frees() -> None:
+    schedule = sched(model("a", (daily(8),)))
+    shared = Blob((1, 100), 5 * GB)
+    old, new = (
+        CacheEntry(model_id, last_used, blobs=frozenset({shared, Blob((1, ino), 1000)}))
+        for model_id, last_used, ino in (("models/m/r1", 1.0, 101), ("models/m/r2", 2.0, 102))
+    )
+    roomy = plan_node(schedule, "p", AT_0730, (old, new), 6 * GB, None, {mid("a"): 0})
+    assert roomy.used_bytes == 5 * GB + 2000 and roomy.fits and roomy.evict == ()
+
+    tight = plan_node(schedule, "p", AT_0730, (old, new), 5 * GB + 1500, None, {mid("a"): 0})
+    assert [m.model_id for m in tight.evict] == ["models/m/r1"]
+    assert tight.eviction.freed_bytes == 1000, "r1 frees its own file, not the one r2 still links"
+
+    pinned_new = CacheEntry("models/m/r2", 2.0, pinned=True, blobs=new.blobs)
+    short = plan_node(schedule, "p", AT_0730, (old, pinned_new), 5 * GB, None, {mid("a"): 0})
+    assert not short.fits and short.eviction.freed_bytes == 1000
+
+
 def test_plan_does_not_fit_when_protected_models_and_fetches_exceed_the_budget() -> None:
     schedule = sched(model("active", (daily(7),)), model("next", (daily(8),)))
-    cached = {mid("active"): CachedModel(10 * GB, last_used=0.0)}
-    plan = plan_node(schedule, "p", AT_0730, cached, 12 * GB, None, {mid("next"): 5 * GB})
+    entries = [cached(mid("active"), 10 * GB, last_used=0.0)]
+    plan = plan_node(schedule, "p", AT_0730, entries, 12 * GB, None, {mid("next"): 5 * GB})
     assert not plan.fits and plan.evict == ()
     assert plan.keep[0].protected is not None and "active" in plan.keep[0].protected
     text = "\n".join(render_plan(plan))
@@ -123,9 +145,9 @@ def test_plan_does_not_fit_when_protected_models_and_fetches_exceed_the_budget()
 
 def test_plan_skips_models_whose_windows_closed_and_never_evicts_pinned_ones() -> None:
     schedule = sched(model("kept", (daily(6, hours=1),)), model("gone", (daily(3, hours=1),), keep_s=0))
-    cached = {"models/pinned/z": CachedModel(9 * GB, last_used=0.0, pinned=True)}
+    entries = [cached("models/pinned/z", 9 * GB, last_used=0.0, pinned=True)]
     sizes = {mid("kept"): GB, mid("gone"): GB}
-    plan = plan_node(schedule, "p", AT_0730, cached, 10 * GB, None, sizes)
+    plan = plan_node(schedule, "p", AT_0730, entries, 10 * GB, None, sizes)
     actions = {m.label: (m.state, m.action) for m in plan.models}
     assert actions["kept"] == ("keep", Action.SKIP)
     assert actions["gone"] == ("upcoming", Action.LATER)
@@ -133,10 +155,10 @@ def test_plan_skips_models_whose_windows_closed_and_never_evicts_pinned_ones() -
 
 
 def test_plan_shows_unknown_sizes_and_no_estimate_without_a_bandwidth() -> None:
-    plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, {}, 10 * GB, None)
+    plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, (), 10 * GB, None)
     assert plan.unknown_sizes == (mid("a"),)
     assert plan.fetch[0].note(AT_0730) == "size unknown"
-    sized = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, {}, 10 * GB, None, {mid("a"): GB})
+    sized = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, (), 10 * GB, None, {mid("a"): GB})
     assert sized.fetch[0].note(AT_0730) == "no bandwidth estimate"
 
 
@@ -246,13 +268,11 @@ def test_the_desired_set_never_includes_a_model_outside_its_pool(
 def test_a_model_inside_its_lead_time_is_never_planned_for_eviction(
     schedule: Schedule, now: datetime, budget_gb: int, sizes: list[int], used: list[float]
 ) -> None:
-    cached = {
-        m.source.model_id: CachedModel(sizes[i] * GB, used[i])
-        for i, m in enumerate(schedule.models)
-        if i % 2 == 0
-    }
+    entries = [
+        cached(m.source.model_id, sizes[i] * GB, used[i]) for i, m in enumerate(schedule.models) if i % 2 == 0
+    ]
     remote = {m.source.model_id: sizes[i] * GB for i, m in enumerate(schedule.models)}
-    plan = plan_node(schedule, "p", now, cached, budget_gb * GB, 1e8, remote)
+    plan = plan_node(schedule, "p", now, entries, budget_gb * GB, 1e8, remote)
     wanted = {
         e.model.source.model_id
         for e in desired_models(schedule, "p", now)

@@ -33,6 +33,7 @@ from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.units import format_bytes, parse_size
 from modelsync.engine.events import NoEvents
 from modelsync.engine.publish import publish
 from modelsync.engine.pull import PullResult, pull
@@ -652,7 +653,7 @@ def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_eno
 
     message = str(info.value)
     assert info.value.exit_code == ExitCode.LOCAL_STORAGE == 6
-    assert "bytes free" in message and "needs" in message
+    assert " free" in message and "needs" in message
     assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
 
 
@@ -690,9 +691,9 @@ def test_pull_into_a_full_tmpfs_is_disk_full_and_publishes_nothing(
             pull(settings, model_ref(bucket), NoEvents())
         message = str(info.value)
         assert info.value.exit_code == ExitCode.LOCAL_STORAGE
-        assert f"needs {size} bytes" in message
-        reported = re.search(r"(\d+) bytes free", message)
-        assert reported is not None and 0 < int(reported.group(1)) < 2 * MiB
+        assert f"needs {format_bytes(size)}" in message
+        reported = re.search(r"([\d.]+ \w*B) free", message)
+        assert reported is not None and 0 < parse_size(reported.group(1)) < 2 * MiB
         assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
 
 

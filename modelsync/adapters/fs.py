@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from modelsync.core.units import format_bytes
 from modelsync.errors import DiskFullError, LocalStorageError
 
 DIR_MODE = 0o2775  # setgid: files inherit the cache's group, so a daemon and init containers share it
@@ -38,9 +39,9 @@ def storage_errors(path: Path | str, needed_bytes: int | None = None) -> Iterato
 def storage_error(exc: OSError, path: Path | str, needed_bytes: int | None = None) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         free = free_bytes(Path(path))
-        need = f"needs {needed_bytes} bytes, " if needed_bytes is not None else ""
+        need = f"needs {format_bytes(needed_bytes)}, " if needed_bytes is not None else ""
         return DiskFullError(
-            f"disk full writing {path}: {need}{free} bytes free; "
+            f"disk full writing {path}: {need}{format_bytes(free)} free; "
             "free space (modelsync evict) or raise the volume's size"
         )
     if exc.errno == errno.EROFS:

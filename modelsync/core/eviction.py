@@ -70,6 +70,11 @@ class CacheEntry:
     in_use_until: float | None = None
     blobs: frozenset[Blob] = frozenset()
 
+    @property
+    def size_bytes(self) -> int:
+        """The model's own bytes, counting files it shares with other entries in full."""
+        return sum(blob.size_bytes for blob in self.blobs)
+
 
 @dataclass(frozen=True, slots=True)
 class Protection:
@@ -122,6 +127,36 @@ class EvictionPlan:
         return f"evict {count}, freeing {freed}{needed}"
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """Where the cache stands against its budget, as `ls`, `plan`, the daemon and eviction all see it."""
+
+    #: bytes on disk: each physical file once, plus space claimed by running pulls
+    used_bytes: int
+    #: bytes about to arrive (a pull, the plan's fetches)
+    incoming_bytes: int
+    #: None when no budget is set (only the disk's free space limits)
+    budget_bytes: int | None
+
+    @property
+    def over_bytes(self) -> int:
+        """Bytes that must go for used + incoming to fit the budget; 0 when they fit or without one."""
+        if self.budget_bytes is None:
+            return 0
+        return max(0, self.used_bytes + self.incoming_bytes - self.budget_bytes)
+
+
+def budget_use(entries: Iterable[CacheEntry], budget_bytes: int | None, incoming_bytes: int = 0) -> BudgetUse:
+    """The one budget arithmetic: hard-linked files count once, however many models hold them.
+
+    Every figure shown or acted on (ls totals, plan, daemon log and metrics,
+    eviction under a budget) comes from here, so they cannot disagree.
+    """
+    if incoming_bytes < 0 or (budget_bytes is not None and budget_bytes < 0):
+        raise ValueError("budget_bytes and incoming_bytes must not be negative")
+    return BudgetUse(unique_bytes(entries), incoming_bytes, budget_bytes)
+
+
 def unique_bytes(entries: Iterable[CacheEntry]) -> int:
     """Bytes on disk, counting each physical file once however many entries link it."""
     return _Ledger(tuple(entries)).total_bytes
@@ -155,7 +190,7 @@ def plan_to_size(
     if target_bytes < 0:
         raise ValueError(f"target_bytes must not be negative, got {target_bytes}")
     cached = tuple(entries)
-    needed = max(0, _Ledger(cached).total_bytes - target_bytes)
+    needed = budget_use(cached, target_bytes).over_bytes
     return _plan_greedy(cached, needed, needed, now, grace_s, protected)
 
 
@@ -180,14 +215,12 @@ def plan_watermarks(
     """
     if not 0 <= low_ratio <= high_ratio <= 1:
         raise ValueError(f"need 0 <= low <= high <= 1, got low={low_ratio}, high={high_ratio}")
-    if budget_bytes < 0 or incoming_bytes < 0:
-        raise ValueError("budget_bytes and incoming_bytes must not be negative")
     cached = tuple(entries)
-    after_pull = _Ledger(cached).total_bytes + incoming_bytes
+    use = budget_use(cached, budget_bytes, incoming_bytes)
+    after_pull = use.used_bytes + incoming_bytes
     over_high = after_pull > high_ratio * budget_bytes
     aim = after_pull - int(low_ratio * budget_bytes) if over_high else 0
-    needed = max(0, after_pull - budget_bytes)
-    return _plan_greedy(cached, max(0, aim), needed, now, grace_s, protected)
+    return _plan_greedy(cached, max(0, aim), use.over_bytes, now, grace_s, protected)
 
 
 def plan_unused(
@@ -348,5 +381,5 @@ def _protection_reason(
         return f"leased by a consumer until {until}"
     idle_s = now - entry.last_used
     if idle_s < grace_s:
-        return f"in use (used {format_duration(max(0.0, idle_s))} ago, grace {format_duration(grace_s)})"
+        return f"in use: used {format_duration(max(0.0, idle_s))} ago, grace {format_duration(grace_s)}"
     return protected.get(entry.model)

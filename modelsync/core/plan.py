@@ -15,6 +15,9 @@ reservation does it: least recently used first, never a model the schedule
 protects (active, inside its lead time, or within its keep time), never a
 pinned one. A cache that cannot hold the protected set plus the fetches does
 not fit: the plan says so instead of evicting what will be needed again soon.
+The cache is seen as the engine sees it (`CacheEntry`, one blob per physical
+file) and measured by `budget_use`, so files that revisions share through hard
+links count once, and a revision is never evicted for bytes it would not free.
 
 Expected ready times assume the daemon's behaviour: one model at a time, in
 fetch order, at `bandwidth_bytes_per_s`. A model of unknown size gets no
@@ -31,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 from modelsync.core.desired import DesiredModel, ModelState, desired_models
-from modelsync.core.eviction import Blob, CacheEntry, EvictionPlan, plan_eviction
+from modelsync.core.eviction import CacheEntry, EntryState, EvictionPlan, budget_use, plan_eviction
 from modelsync.core.schedule import Schedule
 from modelsync.core.units import format_bytes, format_duration
 from modelsync.core.windows import load_zone
@@ -40,7 +43,6 @@ from modelsync.errors import UsageError
 __all__ = [
     "UNSCHEDULED",
     "Action",
-    "CachedModel",
     "NodePlan",
     "PlannedModel",
     "parse_instant",
@@ -63,16 +65,6 @@ class Action(enum.StrEnum):
     EVICT = "evict"
     LATER = "later"
     SKIP = "skip"
-
-
-@dataclass(frozen=True, slots=True)
-class CachedModel:
-    """What the plan needs to know of one ready model in the cache."""
-
-    size_bytes: int
-    #: epoch seconds of the last pull or use (LRU order)
-    last_used: float
-    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +123,7 @@ class NodePlan:
     #: every model of the pool plus every cached model, fetches first in fetch order
     models: tuple[PlannedModel, ...]
     budget_bytes: int | None
+    #: `budget_use` of the cache: each physical file once, plus what running pulls claimed
     used_bytes: int
     bandwidth_bytes_per_s: float | None
     eviction: EvictionPlan
@@ -169,7 +162,7 @@ def plan_node(
     schedule: Schedule,
     pool: str,
     now: datetime,
-    cached: Mapping[str, CachedModel],
+    entries: Iterable[CacheEntry],
     budget_bytes: int | None,
     bandwidth_bytes_per_s: float | None,
     remote_sizes: Mapping[str, int] = _NO_SIZES,
@@ -177,18 +170,25 @@ def plan_node(
 ) -> NodePlan:
     """Decide fetch / keep / evict for `pool` at `now` (see the module docstring).
 
-    `cached` maps model ids (`bucket/prefix`) of ready models to their size and
-    recency; `remote_sizes` gives the sizes of models not cached, when the
-    caller could learn them. `grace_s` spares models used that recently, as the
-    engine does.
+    `entries` is the cache as the eviction planner sees it (ready, quarantined,
+    and pulls in progress with the space they claimed); `remote_sizes` gives the
+    sizes of models not cached, when the caller could learn them. `grace_s`
+    spares models used that recently, as the engine does.
     """
+    entries = tuple(entries)
+    cached = {e.model: e for e in entries if e.state is EntryState.READY}
+    claimed = {e.model for e in entries if e.state is EntryState.PULLING}
     desired = desired_models(schedule, pool, now)
     reasons = protection_reasons(desired)
     fetching = [d for d in desired if d.state in _WANTED_NOW and d.model.source.model_id not in cached]
-    incoming = sum(remote_sizes.get(d.model.source.model_id, 0) for d in fetching)
-    used = sum(c.size_bytes for c in cached.values())
-    needed = 0 if budget_bytes is None else max(0, used + incoming - budget_bytes)
-    eviction = plan_eviction(_entries(cached), needed, now.timestamp(), grace_s, reasons)
+    # a pull already running counts through the space it claimed, not twice
+    incoming = sum(
+        remote_sizes.get(model_id, 0)
+        for model_id in (d.model.source.model_id for d in fetching)
+        if model_id not in claimed
+    )
+    use = budget_use(entries, budget_bytes, incoming)
+    eviction = plan_eviction(entries, use.over_bytes, now.timestamp(), grace_s, reasons)
     victims = frozenset(eviction.victims)
     ready_at = _expected_ready(desired, cached, remote_sizes, now, bandwidth_bytes_per_s)
     planned = [
@@ -218,7 +218,7 @@ def plan_node(
         at=now,
         models=tuple(planned),
         budget_bytes=budget_bytes,
-        used_bytes=used,
+        used_bytes=use.used_bytes,
         bandwidth_bytes_per_s=bandwidth_bytes_per_s,
         eviction=eviction,
     )
@@ -231,7 +231,7 @@ def protection_reasons(desired: Iterable[DesiredModel]) -> dict[str, str]:
     reservation honour, so a model inside its lead time is never evicted.
     """
     return {
-        d.model.source.model_id: f"the schedule needs it ({d.state.value} on {d.model.label})"
+        d.model.source.model_id: f"the schedule needs it: {d.state.value} on {d.model.label}"
         for d in desired
         if d.protected
     }
@@ -265,22 +265,9 @@ def parse_instant(text: str, default_zone: str) -> datetime:
     return instant
 
 
-def _entries(cached: Mapping[str, CachedModel]) -> list[CacheEntry]:
-    """Cache entries for the eviction planner: one blob per model (the plan ignores hard links)."""
-    return [
-        CacheEntry(
-            model=model_id,
-            last_used=entry.last_used,
-            pinned=entry.pinned,
-            blobs=frozenset({Blob((0, index), entry.size_bytes)}),
-        )
-        for index, (model_id, entry) in enumerate(sorted(cached.items()))
-    ]
-
-
 def _expected_ready(
     desired: tuple[DesiredModel, ...],
-    cached: Mapping[str, CachedModel],
+    cached: Mapping[str, CacheEntry],
     remote_sizes: Mapping[str, int],
     now: datetime,
     bandwidth_bytes_per_s: float | None,
@@ -308,7 +295,7 @@ def _expected_ready(
 
 def _planned(
     d: DesiredModel,
-    cached: Mapping[str, CachedModel],
+    cached: Mapping[str, CacheEntry],
     remote_sizes: Mapping[str, int],
     victims: frozenset[str],
     reasons: Mapping[str, str],

@@ -22,6 +22,7 @@ from modelsync.adapters.cache import Cache, ModelLock
 from modelsync.config import Settings
 from modelsync.core.eviction import EvictionPlan, plan_eviction, plan_watermarks
 from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import Catalog
 from modelsync.errors import DiskFullError
 
@@ -96,7 +97,7 @@ def make_room(
                 settings.in_use_grace_s,
                 protected,
             )
-            _refuse_unless_satisfied(plan, ref, needed_bytes, f"a cache budget of {budget} bytes")
+            _refuse_unless_satisfied(plan, ref, needed_bytes, f"a cache budget of {format_bytes(budget)}")
             result = evict(cache, catalog, plan.victims)
             evicted += result.evicted
             skipped += result.skipped
@@ -109,7 +110,7 @@ def make_room(
             plan = plan_eviction(
                 catalog.eviction_entries(), needed_bytes - free, now, settings.in_use_grace_s, protected
             )
-            _refuse_unless_satisfied(plan, ref, needed_bytes, f"{free} bytes free on {cache.root}")
+            _refuse_unless_satisfied(plan, ref, needed_bytes, f"{format_bytes(free)} free on {cache.root}")
             result = evict(cache, catalog, plan.victims)
             evicted += result.evicted
             skipped += result.skipped
@@ -122,6 +123,6 @@ def make_room(
 def _refuse_unless_satisfied(plan: EvictionPlan, ref: ModelRef, needed_bytes: int, limit: str) -> None:
     if not plan.satisfied:
         raise DiskFullError(
-            f"{ref.uri} needs {needed_bytes} bytes, with {limit}; {plan.describe()[0]}; "
+            f"{ref.uri} needs {format_bytes(needed_bytes)}, with {limit}; {plan.describe()[0]}; "
             "unpin or evict models, raise MODELSYNC_CACHE_MAX_BYTES, or free disk space"
         )

@@ -1,4 +1,4 @@
-"""What the plan needs from the world: the ready models in the cache and the size of the others.
+"""What the plan needs from the world: what the cache holds and the size of the models it lacks.
 
 The plan itself is pure (core/plan.py); these are its two inputs that take
 I/O. Sizes are best effort by design: a size S3 cannot tell (unreachable,
@@ -14,30 +14,26 @@ from dataclasses import dataclass
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.s3 import S3, open_s3
 from modelsync.config import Settings
+from modelsync.core.eviction import CacheEntry
 from modelsync.core.manifest import MANIFEST_NAME, parse_manifest
-from modelsync.core.plan import CachedModel
 from modelsync.core.refs import ModelRef
-from modelsync.engine.catalog import READY, open_catalog
+from modelsync.engine.catalog import open_catalog
 from modelsync.errors import ModelsyncError
 
 #: how long `modelsync plan` waits for S3 to tell model sizes before showing them as unknown
 SIZES_TIMEOUT_S = 15.0
 
 
-def ready_models(cache: Cache) -> dict[str, CachedModel]:
-    """Ready models by model id, with their size, last use and pin, from the cache's catalog.
+def cache_entries(cache: Cache) -> list[CacheEntry]:
+    """The cache as eviction sees it (models, their physical files, running pulls), for the plan.
 
     A cache that was never created holds nothing; it is not created here (`modelsync plan`
     may run on a machine that is not a node).
     """
     if not cache.state_dir.is_dir():
-        return {}
+        return []
     with open_catalog(cache) as catalog:
-        return {
-            view.model: CachedModel(view.size_bytes, view.last_used, view.pinned)
-            for view in catalog.views()
-            if view.state == READY
-        }
+        return catalog.eviction_entries()
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
 from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.events import ByteCounter, PullEvents
 from modelsync.engine.evict import make_room
@@ -167,7 +168,10 @@ def pull(
                 path, plan = asyncio.run(_supervise(puller, cancel))
             finally:
                 cache.release_reservation(ref)
-        cache.touch(ref)
+        if current is None:
+            # A new copy is a use; a refresh check of a ready model is not, or every
+            # check would move it to the back of the eviction order.
+            cache.touch(ref)
     finally:
         lock.release()
     return PullResult(
@@ -417,8 +421,9 @@ class _Puller:
             return hasher.digest()
         except DiskFullError as exc:
             raise DiskFullError(
-                f"disk full writing {self.staging.dir / work.file.path}: needs {work.missing_bytes} "
-                f"bytes for this file, {fs.free_bytes(self.staging.dir)} bytes free ({exc}); "
+                f"disk full writing {self.staging.dir / work.file.path}: needs "
+                f"{format_bytes(work.missing_bytes)} for this file, "
+                f"{format_bytes(fs.free_bytes(self.staging.dir))} free ({exc}); "
                 "free space (modelsync evict) or raise the volume's size"
             ) from None
         finally:

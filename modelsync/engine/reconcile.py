@@ -55,7 +55,8 @@ from typing import Any, Protocol, TypeVar
 from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
 from modelsync.core.desired import desired_models
-from modelsync.core.plan import CachedModel, NodePlan, plan_node, protection_reasons, start_jitter_s
+from modelsync.core.eviction import CacheEntry
+from modelsync.core.plan import NodePlan, plan_node, protection_reasons, start_jitter_s
 from modelsync.core.refs import ModelRef
 from modelsync.core.schedule import Schedule
 from modelsync.engine.events import PullEvents
@@ -156,7 +157,7 @@ class Reconciler:
         config: LoopConfig,
         metrics: DaemonMetrics,
         puller: Puller,
-        inventory: Callable[[Cache], dict[str, CachedModel]],
+        inventory: Callable[[Cache], list[CacheEntry]],
         foreground: Callable[[Path], frozenset[str]],
         sizer: Callable[[Settings, list[ModelRef]], RemoteSizes],
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),

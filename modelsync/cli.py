@@ -112,20 +112,15 @@ def _tenant_pull(cache_dir: Path, ref: ModelRef, lease_s: float | None) -> Path:
 
 
 def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
-    """Re-hash a ready model; a damaged one is unpublished so the pull fetches it again."""
-    from modelsync.engine.ready import full_check
+    """Re-hash a ready model; a damaged one is unpublished with its bad files staged for the pull."""
+    from modelsync.engine.maintain import verify_ready
 
-    cache = Cache(settings.cache_dir)
-    record = cache.ready_record(ref)
-    if record is None:
+    problems = verify_ready(Cache(settings.cache_dir), ref, settings.part_size_bytes)
+    if problems is None:
         return None
-    problems = full_check(cache.ready_path(ref), record)
-    if not problems:
-        return cache.ready_path(ref)
     for p in problems:
-        typer.echo(f"warning: {ref.model_id}/{p.path}: {p.reason}; fetching the model again", err=True)
-    cache.unpublish(ref)
-    return None
+        typer.echo(f"warning: {ref.model_id}/{p.path}: {p.reason}; fetching it again", err=True)
+    return None if problems else Cache(settings.cache_dir).ready_path(ref)
 
 
 @app.command()

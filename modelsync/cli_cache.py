@@ -56,7 +56,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
                 format_bytes(v.size_bytes),
                 _ago(v.last_used, now),
                 "yes" if v.pinned else "",
-                _ago(v.verified_at, now) if v.verified_at else "never",
+                "failed" if v.state == "quarantined" else _ago(v.verified_at, now),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -113,6 +113,35 @@ def models_of(doc: dict[str, object]) -> dict[str, dict[str, object]]:
     return {row["model"]: row for row in rows}
 
 
+def object_gets(proxy: FaultProxy) -> set[str]:
+    """The files whose bytes were fetched (presigned ranged GETs), by name."""
+    gets = proxy.requests(method="GET")
+    return {r.path.split("?")[0].rsplit("/", 1)[-1] for r in gets if "X-Amz-Signature" in r.path}
+
+
+def damage(path: Path, how: str) -> None:
+    """Damage a published (read-only) file the way a disk or an operator might."""
+    if how == "deleted":
+        path.unlink()
+        return
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as fh:
+        if how == "truncated":
+            fh.truncate(1000)
+        else:  # a flipped byte: same size, found only by re-hashing
+            fh.seek(1000)
+            byte = fh.read(1)
+            fh.seek(1000)
+            fh.write(bytes([byte[0] ^ 0x01]))
+    os.chmod(path, 0o444)
+
+
+def three_files(pulled: Callable[..., Model], prefix: str) -> Model:
+    """A model whose b.bin (768 KiB) the tests damage."""
+    files = {"a.bin": os.urandom(MiB), "b.bin": os.urandom(768 * KiB), "config.json": b'{"x": 1}'}
+    return pulled(prefix, files)
+
+
 # ---- fixtures -------------------------------------------------------------------------
 
 
@@ -548,18 +577,8 @@ def test_verify_full_quarantines_a_corrupted_model_and_repair_fetches_only_the_b
     fault_proxy: FaultProxy,
     run: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
-    model = pulled(
-        "org/rot/rev1/",
-        {"a.bin": os.urandom(MiB), "b.bin": os.urandom(768 * KiB), "config.json": b'{"x": 1}'},
-    )
-    bad = cache.ready_path(model.ref) / "b.bin"
-    os.chmod(bad, 0o644)
-    with open(bad, "r+b") as fh:
-        fh.seek(300 * KiB)
-        byte = fh.read(1)
-        fh.seek(300 * KiB)
-        fh.write(bytes([byte[0] ^ 0x01]))
-    os.chmod(bad, 0o444)
+    model = three_files(pulled, "org/rot/rev1/")
+    damage(cache.ready_path(model.ref) / "b.bin", "flipped")
 
     assert run("verify", model.name).returncode == 0  # quick: sizes still match
     full = run("verify", model.name, "--full")
@@ -568,12 +587,16 @@ def test_verify_full_quarantines_a_corrupted_model_and_repair_fetches_only_the_b
     assert "verify --repair" in one_error_line(full.stderr)
     assert f"bad   {model.name}/b.bin: xxh3-128" in full.stdout
     assert not os.path.lexists(cache.ready_path(model.ref))
-    assert models_of(ls_json(run))[model.name]["state"] == "quarantined"
+    row = models_of(ls_json(run))[model.name]
+    assert (row["state"], row["verified_at"]) == ("quarantined", None)
+    listed = [line.split() for line in run("ls").stdout.splitlines()]
+    assert [model.name, "quarantined"] == listed[1][:2] and listed[1][-1] == "failed"
     fault_proxy.clear()
     repaired = run("verify", "--repair")
 
     assert repaired.returncode == 0, repaired.stderr
     assert f"repaired {model.name}" in repaired.stdout
+    assert f"3 files, {format_bytes(768 * KiB)} to fetch" in repaired.stderr, "only the bad file is announced"
     assert body_bytes(fault_proxy, "b.bin") == len(model.files["b.bin"])
     assert body_bytes(fault_proxy) == len(model.files["b.bin"])
     assert_present(cache, model)
@@ -603,6 +626,63 @@ def test_a_pull_of_a_quarantined_model_makes_it_ready_again_and_ls_agrees(
     assert run("evict", model.name).returncode == 0
     assert_absent(cache, model)
     assert list(cache.quarantine_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["truncated", "deleted"])
+def test_a_warm_pull_that_finds_a_damaged_file_fetches_only_that_file(
+    how: str,
+    cache: Cache,
+    pulled: Callable[..., Model],
+    fault_proxy: FaultProxy,
+    run: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    model = three_files(pulled, f"org/warm-{how}/rev1/")
+    intact = os.stat(cache.ready_path(model.ref) / "a.bin").st_ino
+    damage(cache.ready_path(model.ref) / "b.bin", how)
+    fault_proxy.clear()
+
+    result = run("pull", model.ref.uri)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == str(cache.ready_path(model.ref))
+    assert object_gets(fault_proxy) == {"b.bin"}
+    assert body_bytes(fault_proxy) == len(model.files["b.bin"])
+    assert f"3 files, {format_bytes(768 * KiB)} to fetch" in result.stderr
+    assert_present(cache, model)
+    assert os.stat(cache.ready_path(model.ref) / "a.bin").st_ino == intact, "the intact file was kept"
+    assert list(cache.staging_dir.iterdir()) == []
+    assert run("verify", model.name, "--full").returncode == 0
+
+
+def test_pull_verify_records_the_verification_or_fetches_only_the_file_it_finds_damaged(
+    cache: Cache,
+    pulled: Callable[..., Model],
+    fault_proxy: FaultProxy,
+    run: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    model = three_files(pulled, "org/pull-verify/rev1/")
+    before = models_of(ls_json(run))[model.name]["verified_at"]
+    time.sleep(1.1)  # the verified time has a resolution of seconds in ls
+
+    checked = run("pull", model.ref.uri, "--verify", "--quiet")
+
+    assert checked.returncode == 0, checked.stderr
+    after = models_of(ls_json(run))[model.name]["verified_at"]
+    assert str(after) > str(before), "pull --verify records the verification like verify does"
+    assert object_gets(fault_proxy) - {"a.bin", "b.bin", "config.json"} == set()
+    fault_proxy.clear()
+    damage(cache.ready_path(model.ref) / "b.bin", "flipped")
+    assert run("pull", model.ref.uri, "--quiet").returncode == 0  # a plain warm pull checks sizes only
+    assert object_gets(fault_proxy) == set()
+
+    repaired = run("pull", model.ref.uri, "--verify", "--quiet")
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"warning: {model.name}/b.bin: xxh3-128" in repaired.stderr
+    assert object_gets(fault_proxy) == {"b.bin"}
+    assert body_bytes(fault_proxy) == len(model.files["b.bin"])
+    assert_present(cache, model)
+    assert run("verify", model.name, "--full").returncode == 0
 
 
 # ---- symlinks planted in the cache -----------------------------------------------------

@@ -146,6 +146,11 @@ class Catalog:
 
     def _view(self, row: IndexedModel) -> ModelView:
         ref = parse_model_name(row.model)
+        # a quarantined model failed its last check; otherwise the latest of the pull, `verify`
+        # and `pull --verify` (whose marker may be newer than the row)
+        verified_at = (
+            None if row.state == QUARANTINED else _latest(row.verified_at, self.cache.verified_at(ref))
+        )
         return ModelView(
             model=row.model,
             source=row.source,
@@ -153,7 +158,7 @@ class Catalog:
             size_bytes=row.size_bytes,
             last_used=self.cache.last_used(ref) or row.completed_at,
             pinned=self.cache.is_pinned(ref),
-            verified_at=row.verified_at,
+            verified_at=verified_at,
             verified_by=row.verified_by,
             lease_until=self.cache.lease_until(ref),
         )
@@ -234,6 +239,10 @@ def _is_dir(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
+
+
+def _latest(*instants: float | None) -> float | None:
+    return max((at for at in instants if at is not None), default=None)
 
 
 def _stable_id(*parts: str) -> int:

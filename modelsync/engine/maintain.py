@@ -114,12 +114,7 @@ def _quarantine(cache: Cache, catalog: Catalog, ref: ModelRef, record: Completio
 
 
 def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: int) -> ModelRef:
-    """Turn a quarantined model back into a resumable staging area that keeps its good files.
-
-    Good files are journaled as verified with their recorded digest and ETag, so
-    the next pull fetches only the bad or missing ones — if the source still
-    holds the same objects; changed objects are fetched whole.
-    """
+    """Turn a quarantined model back into a resumable staging area that keeps its good files."""
     ref = parse_model_name(model)
     record_path = cache.quarantine_dir / f"{ref.slug}.json"
     if catalog.require(ref.model_id).state != QUARANTINED or not record_path.exists():
@@ -130,25 +125,72 @@ def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: 
         record = parse_record(record_path.read_bytes(), str(record_path))
         data = cache.quarantine_dir / ref.slug
         bad = {p.path for p in full_check(data, record)}
-        staging = cache.staging(ref)
-        fs.remove_tree(staging.dir)
-        with fs.storage_errors(staging.dir):
-            os.rename(data, staging.dir)
-            for problem in _strays(staging.dir, record):
-                _unlink_quietly(staging.dir / problem.path)
-            for path in bad:
-                _unlink_quietly(staging.dir / path)
-            journal = Journal(staging.journal.path, ref.uri)
-            journal.start(keep=False)
-            for f in record.files:
-                if f.path in bad or f.etag is None:
-                    continue
-                journal.begin_file(f.path, f.etag, f.size, layout_bytes(plan_parts(f.size, part_size_bytes)))
-                journal.file_verified(f.path, f.xxh3_128, record.verified_by)
-            journal.close()
+        stage_good_files(cache, ref, data, record, bad, part_size_bytes)
+        with fs.storage_errors(record_path):
             record_path.unlink()
         catalog.index.remove([ref.model_id])
     return ref
+
+
+def stage_good_files(
+    cache: Cache, ref: ModelRef, data: Path, record: CompletionRecord, bad: set[str], part_size_bytes: int
+) -> None:
+    """Move a damaged model's directory to its staging area, so the next pull fetches only `bad`.
+
+    Good files are journaled as verified with their recorded digest and ETag, so
+    the pull skips them — if the source still holds the same objects; changed
+    objects are fetched whole. The journal is written after the move: a crash in
+    between leaves staging without a journal, which a pull starts over. The
+    caller holds the model's lock.
+    """
+    staging = cache.staging(ref)
+    fs.remove_tree(staging.dir)
+    with fs.storage_errors(staging.dir):
+        os.rename(data, staging.dir)
+        for problem in _strays(staging.dir, record):
+            _unlink_quietly(staging.dir / problem.path)
+        for path in bad:
+            _unlink_quietly(staging.dir / path)
+        journal = Journal(staging.journal.path, ref.uri)
+        journal.start(keep=False)
+        for f in record.files:
+            if f.path in bad or f.etag is None:
+                continue
+            journal.begin_file(f.path, f.etag, f.size, layout_bytes(plan_parts(f.size, part_size_bytes)))
+            journal.file_verified(f.path, f.xxh3_128, record.verified_by)
+        journal.close()
+
+
+def repair_ready(
+    cache: Cache, ref: ModelRef, record: CompletionRecord, bad: set[str], part_size_bytes: int
+) -> None:
+    """Unpublish a damaged ready model into staging, keeping its good files for the next pull.
+
+    The ready path disappears in one rename before the record goes, so the model
+    is never served while it is repaired. The caller holds the model's lock.
+    """
+    stage_good_files(cache, ref, cache.ready_path(ref), record, bad, part_size_bytes)
+    with fs.storage_errors(cache.record_path(ref)):
+        cache.record_path(ref).unlink(missing_ok=True)
+
+
+def verify_ready(cache: Cache, ref: ModelRef, part_size_bytes: int) -> list[Problem] | None:
+    """Re-hash a ready model (`pull --verify`): record the verification, or stage its bad files.
+
+    None when the model is not ready; otherwise its problems, and a damaged model
+    is left unpublished with its good files staged for the pull that follows.
+    """
+    with cache.locked(ref):
+        record = cache.ready_record(ref)
+        if record is None:
+            return None
+        root = cache.ready_path(ref)
+        problems = full_check(root, record) + _strays(root, record)
+        if problems:
+            repair_ready(cache, ref, record, {p.path for p in problems}, part_size_bytes)
+        else:
+            cache.mark_verified(ref, time.time())
+        return problems
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -55,6 +55,7 @@ from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.events import ByteCounter, PullEvents
 from modelsync.engine.evict import make_room
+from modelsync.engine.maintain import repair_ready
 from modelsync.engine.ready import quick_check
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import TokenBucket
@@ -155,8 +156,10 @@ def pull(
     lock.acquire(on_wait=events.waiting)
     try:
         current = cache.ready_record(ref)
-        if current is not None and quick_check(cache.ready_path(ref), current):
-            cache.unpublish(ref)  # damaged: never serve it while it is pulled again
+        damaged = quick_check(cache.ready_path(ref), current) if current is not None else []
+        if current is not None and damaged:
+            # never serve it while it is repaired; the intact files stay, only the bad ones are fetched
+            repair_ready(cache, ref, current, {p.path for p in damaged}, settings.part_size_bytes)
             current = None
         if current is not None and not refresh:
             cache.touch(ref)
@@ -271,7 +274,8 @@ class _Puller:
                 self.protected,
             )
             self.evicted = room.evicted
-            self.events.planned(len(plan.files), plan.total_bytes, plan.missing_bytes - sum(linked.values()))
+            to_fetch = sum(w.missing_bytes for w in plan.files if w.file.path not in self.verified)
+            self.events.planned(len(plan.files), plan.total_bytes, to_fetch)
             file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
             with first_error():
                 async with asyncio.TaskGroup() as tg:

@@ -19,10 +19,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from modelsync.core.units import parse_duration, parse_size
+from modelsync.core.units import format_bytes, parse_duration, parse_size
 from modelsync.errors import CaBundleError, UsageError
 
 MiB = 1024 * 1024
+#: every part is one GET: below this a model takes thousands of requests for little data
+MIN_PART_BYTES = MiB
+#: above this a file gets few parallel GETs, and an interrupted pull loses parts that large
+MAX_PART_BYTES = 1024 * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +60,11 @@ class Settings:
     insecure: bool = field(default=False, metadata={"env": "MODELSYNC_INSECURE"})
     #: ranged GETs in flight at once, across all files of a pull
     concurrency: int = field(default=8, metadata={"env": "MODELSYNC_CONCURRENCY"})
-    #: size of one ranged GET, bytes
-    part_size_bytes: int = field(default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE"})
+    #: size of one ranged GET, bytes, between MIN_PART_BYTES and MAX_PART_BYTES; a resumed
+    #: pull keeps the part size its journal was written with for the files it had started
+    part_size_bytes: int = field(
+        default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE", "flag": "--part-size"}
+    )
     #: cap on the pull's download rate, bytes per second; 0 means no cap
     max_bandwidth_bytes_per_s: int = field(default=0, metadata={"env": "MODELSYNC_MAX_BANDWIDTH"})
     #: seconds to wait for a TCP/TLS connection
@@ -99,6 +106,27 @@ def _positive_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"{text!r} is not a positive size")
     return value
+
+
+def _part_bytes(value: int) -> int:
+    bounds = f"use {format_bytes(MIN_PART_BYTES)} to {format_bytes(MAX_PART_BYTES)} (default 16.0 MiB)"
+    if value < MIN_PART_BYTES:
+        raise ValueError(
+            f"part size {_near(value, MIN_PART_BYTES)} is under {format_bytes(MIN_PART_BYTES)}: every "
+            f"part is one GET, so a model would take thousands; {bounds}"
+        )
+    if value > MAX_PART_BYTES:
+        raise ValueError(
+            f"part size {_near(value, MAX_PART_BYTES)} is over {format_bytes(MAX_PART_BYTES)}: a file "
+            f"would get few parallel GETs, and an interrupted pull would lose whole parts; {bounds}"
+        )
+    return value
+
+
+def _near(value: int, bound: int) -> str:
+    """`value` in the units of `format_bytes`, exact when rounding would make it read as `bound`."""
+    shown = format_bytes(value)
+    return f"{value} B" if shown == format_bytes(bound) else shown
 
 
 def _positive_float(text: str) -> float:
@@ -161,6 +189,8 @@ def _ca_bundle(text: str) -> str | None:
     return text or None
 
 
+#: checks of flag values, which arrive already typed
+_FLAG_CHECKS: dict[str, Callable[[Any], Any]] = {"part_size_bytes": _part_bytes}
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "cache_dir": lambda t: Path(t).expanduser().absolute(),
     "endpoint_url": _optional_str,
@@ -169,7 +199,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "ca_bundle": _ca_bundle,
     "insecure": _parse_bool,
     "concurrency": _positive_int,
-    "part_size_bytes": _positive_size,
+    "part_size_bytes": lambda t: _part_bytes(parse_size(t)),
     "max_bandwidth_bytes_per_s": parse_size,
     "connect_timeout_s": _positive_float,
     "read_timeout_s": _positive_float,
@@ -200,7 +230,7 @@ def load_settings(
     values: dict[str, Any] = {}
     for f in fields(Settings):
         if flags.get(f.name) is not None:
-            values[f.name] = flags[f.name]
+            values[f.name] = _check_flag(f.name, flags[f.name], f.metadata.get("flag", f.name))
             continue
         name = f.metadata["env"]
         if name in env:
@@ -215,6 +245,13 @@ def load_settings(
     if values.get("cache_dir") is not None:
         values["cache_dir"] = Path(values["cache_dir"]).expanduser().absolute()
     return Settings(**values)
+
+
+def _check_flag(name: str, value: object, flag: str) -> object:
+    try:
+        return _FLAG_CHECKS[name](value) if name in _FLAG_CHECKS else value
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _parse(name: str, text: str, origin: str) -> Any:

@@ -55,6 +55,10 @@ class StderrProgress:
     def verifying(self, path: str) -> None:
         pass
 
+    def note(self, message: str) -> None:
+        # shown even with --quiet: it says why a flag the user gave is not in effect
+        print(("\r\x1b[K" if self.tty else "") + f"note: {message}", file=self.stream, flush=True)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:

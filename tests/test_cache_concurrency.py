@@ -101,7 +101,7 @@ def env(moto_subprocess_s3_env: S3Env, proxy: FaultProxy) -> dict[str, str]:
     child = moto_subprocess_s3_env.via(proxy.endpoint_url).subprocess_env()
     for name in ("MODELSYNC_CACHE_MAX_BYTES", "MODELSYNC_CONFIG", "MODELSYNC_CACHE_DIR"):
         child.pop(name, None)
-    child["MODELSYNC_PART_SIZE"] = "256Ki"
+    child["MODELSYNC_PART_SIZE"] = "1Mi"  # the smallest part size allowed
     return child
 
 
@@ -184,8 +184,8 @@ def test_eight_concurrent_pulls_of_one_model_all_print_its_path_and_fetch_it_abo
 def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_parts(
     tmp_path: Path, s3: BaseClient, proxy: FaultProxy, env: dict[str, str]
 ) -> None:
-    files = {"model.safetensors": os.urandom(6 * MiB)}
-    total = 6 * MiB
+    files = {"model.safetensors": os.urandom(12 * MiB)}
+    total = 12 * MiB
     ref = upload(s3, "org/handover/rev1/", files)
     cache_dir = tmp_path / "cache"
     cache = Cache(cache_dir)
@@ -222,7 +222,7 @@ def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_p
     print(f"takeover {takeover_s:.2f} s after kill -9; waiter fetched {body_bytes(proxy)} of {total} bytes")
     assert takeover_s < 2.0
     # It resumed: the parts the dead holder journaled were not fetched again.
-    assert body_bytes(proxy) <= total - done_parts * 256 * KiB
+    assert body_bytes(proxy) <= total - done_parts * MiB
     assert assert_all_or_nothing(cache, ref, files)
     assert_cache_clean(cache_dir, env)
 

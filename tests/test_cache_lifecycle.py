@@ -3,11 +3,13 @@
 Models are set up by the real pull, in-process, against the in-thread moto behind
 the fault proxy (so every byte fetched is counted). The operator commands are run
 as the real CLI in a child process, because their contract is the exit code, the
-single `error:` line and what they print. Models are a few MiB in 256 KiB parts.
+single `error:` line and what they print. Models are a few MiB, pulled in 256 KiB parts
+in-process (the CLI allows 1 MiB at least).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -168,7 +170,7 @@ def settings(cache_dir: Path, proxied_s3_env: S3Env, aws_credentials: S3Env) -> 
 def cli_env(proxied_s3_env: S3Env) -> dict[str, str]:
     env = proxied_s3_env.subprocess_env()
     env["MODELSYNC_IN_USE_GRACE"] = "1s"
-    env["MODELSYNC_PART_SIZE"] = "256Ki"
+    env["MODELSYNC_PART_SIZE"] = "1Mi"  # the smallest part size allowed
     for name in ("MODELSYNC_CACHE_MAX_BYTES", "MODELSYNC_CONFIG", "MODELSYNC_CACHE_DIR"):
         env.pop(name, None)
     return env
@@ -340,6 +342,45 @@ def test_evict_by_name_unpublishes_the_model_deletes_its_data_and_ls_no_longer_s
     assert data_bytes == kept.size_bytes
 
 
+def test_evicting_leaves_no_empty_directories_and_keeps_those_other_models_still_use(
+    cache: Cache,
+    settings: Settings,
+    pulled: Callable[..., Model],
+    upload: Callable[..., Model],
+    run: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    rev1 = pulled("org/deep/model/rev1/", size_bytes=256 * KiB)
+    rev2 = pulled("org/deep/model/rev2/", size_bytes=256 * KiB)
+    other = pulled("org/other/rev1/", size_bytes=256 * KiB)
+    bucket_dir = cache.root / rev1.ref.bucket
+
+    assert run("evict", rev1.name).returncode == 0
+    assert sorted(os.listdir(bucket_dir / "org/deep/model")) == ["rev2"]
+    assert run("evict", rev2.name).returncode == 0
+    assert os.listdir(bucket_dir / "org") == ["other"], "org/deep/model/ went with its last revision"
+    assert run("evict", other.name).returncode == 0
+    assert os.listdir(cache.root) == [".modelsync"]
+
+    again = upload("org/deep/model/rev3/", {"w.bin": os.urandom(256 * KiB)})
+    assert run("pull", again.ref.uri, "--quiet").returncode == 0, "the pruned parents are made again"
+    assert_present(cache, again)
+
+
+def test_pulls_leave_no_foreground_markers_behind_even_for_a_mistyped_prefix(
+    cache: Cache, upload: Callable[..., Model], run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    model = upload("org/fg/rev1/", {"w.bin": os.urandom(256 * KiB)})
+
+    assert run("pull", model.ref.uri, "--quiet").returncode == 0
+    for typo in ("org/fg/rev2/", "org/gf/rev1/", "org/fg/rev1/w.bin/"):
+        assert run("pull", f"s3://{model.ref.bucket}/{typo}", "--quiet").returncode == ExitCode.NOT_FOUND
+
+    assert os.listdir(cache.state_dir / "foreground") == []
+    collected = run("gc", "--older-than", "0s")
+    assert "foreground marker" not in collected.stdout
+    assert_present(cache, model)
+
+
 @pytest.mark.parametrize("command", ["evict", "pin", "unpin"])
 def test_naming_a_model_that_is_not_cached_exits_3_with_one_line(
     command: str, pulled: Callable[..., Model], run: Callable[..., subprocess.CompletedProcess[str]]
@@ -501,6 +542,8 @@ def test_a_pull_that_can_never_fit_exits_6_naming_what_is_pinned_and_publishes_n
     assert not os.path.lexists(cache.ready_path(incoming.ref))
     assert not cache.record_path(incoming.ref).exists()
     assert list(cache.reservations_dir.iterdir()) == []
+    assert list(cache.staging_dir.iterdir()) == [], "a refused pull leaves no staging or journal"
+    assert os.listdir(cache.state_dir / "foreground") == []
     assert_present(cache, first)
     assert_present(cache, second)
 
@@ -778,13 +821,31 @@ def test_crash_leftovers_never_crash_a_command_verify_reports_them_and_gc_remove
     (cache.locks_dir / "org--orphan-cccccccccccc.holder").write_bytes(b"not json")
     (cache.trash_dir / "rev1-999-deadbeef").mkdir()
     (cache.trash_dir / "rev1-999-deadbeef" / "half.bin").write_bytes(b"half")
+    # An eviction by an older version left empty directories; pulls killed or long gone left markers.
+    (cache.root / "old-bucket" / "org" / "gone").mkdir(parents=True)
+    foreground = cache.state_dir / "foreground"
+    foreground.mkdir()
+    (foreground / "org--killed-dddddddddddd").write_bytes(b"old-bucket/org/killed")
+    for marker_dir in (cache.used_dir, cache.verified_dir, cache.leases_dir):
+        (marker_dir / "org--evicted-eeeeeeeeeeee").write_bytes(b"")
+    held = foreground / "org--waiting-ffffffffffff"
+    held.write_bytes(b"old-bucket/org/waiting")
     leftovers = [
         cache.staging_dir / "org--gone-aaaaaaaaaaaa",
         cache.staging_dir / "org--lost-bbbbbbbbbbbb.journal",
         cache.locks_dir / "org--orphan-cccccccccccc.lock",
         cache.locks_dir / "org--orphan-cccccccccccc.holder",
         cache.trash_dir / "rev1-999-deadbeef",
+        cache.root / "old-bucket" / "org" / "gone",
+        cache.root / "old-bucket" / "org",
+        cache.root / "old-bucket",
+        foreground / "org--killed-dddddddddddd",
+        cache.used_dir / "org--evicted-eeeeeeeeeeee",
+        cache.verified_dir / "org--evicted-eeeeeeeeeeee",
+        cache.leases_dir / "org--evicted-eeeeeeeeeeee",
     ]
+    holder = os.open(held, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_SH)  # a foreground pull still waiting
     # And the model about to be pulled left a journal claiming parts whose data is gone.
     incoming = upload("org/incoming/rev1/", {"weights.bin": os.urandom(MiB)})
     staging = cache.staging(incoming.ref)
@@ -821,6 +882,11 @@ def test_crash_leftovers_never_crash_a_command_verify_reports_them_and_gc_remove
         assert not os.path.lexists(path)
     assert_present(cache, model)
     assert_present(cache, incoming)
+    assert held.exists(), "a marker a pull holds stays"
+    os.close(holder)
+    released = run("gc", "--older-than", "0s").stdout.splitlines()
+    assert released[0] == f"removed {held} (foreground marker of a pull that has ended)"
+    assert len(released) == 2 and not held.exists()
     again = run("verify", "--full")
     assert again.returncode == 0 and "note" not in again.stdout, again.stdout
 

@@ -90,6 +90,24 @@ def pull_command(bucket: str, cache: Path, *extra: str) -> list[str]:
     ]
 
 
+def kill_after_parts(command: list[str], env: dict[str, str], cache: Path, parts: int) -> int:
+    """Run a slowed pull and SIGKILL it once its journal holds `parts` parts; its exit status."""
+    slow = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while len(journal_parts(cache)) < parts:
+            assert slow.poll() is None, f"pull ended before it could be killed: {slow.communicate()}"
+            assert time.monotonic() < deadline, "no journaled parts within 30 s"
+            time.sleep(0.02)
+        os.kill(slow.pid, signal.SIGKILL)
+        slow.wait(timeout=10)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+        slow.communicate()
+    return slow.returncode
+
+
 def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
     tmp_path: Path,
     moto_subprocess_s3_env: S3Env,
@@ -103,25 +121,8 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
     env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
     ready = cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path
 
-    slow = subprocess.Popen(
-        pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2", "--quiet"),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while len(journal_parts(cache)) < 2:
-            assert slow.poll() is None, f"pull ended before it could be killed: {slow.communicate()}"
-            assert time.monotonic() < deadline, "no journaled parts within 30 s"
-            time.sleep(0.02)
-        os.kill(slow.pid, signal.SIGKILL)
-        slow.wait(timeout=10)
-    finally:
-        if slow.poll() is None:
-            slow.kill()
-        slow.communicate()
-    assert slow.returncode == -signal.SIGKILL
+    slow = pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2", "--quiet")
+    assert kill_after_parts(slow, env, cache, parts=2) == -signal.SIGKILL
 
     # Nothing published; staging and its journal stay for the resume.
     assert not os.path.lexists(ready)
@@ -176,3 +177,88 @@ def test_two_concurrent_pulls_of_one_model_download_it_once_and_print_the_same_p
     assert body_bytes(proxy_to_child_moto) == total
     for name, data in files.items():
         assert (Path(ready) / name).read_bytes() == data
+
+
+def get_lengths(proxy: FaultProxy) -> list[int]:
+    """The length of every ranged GET of an object body."""
+    lengths = []
+    for r in proxy.requests(method="GET"):
+        if "X-Amz-Signature" in r.path and r.range:
+            start, end = r.range.removeprefix("bytes=").split("-")
+            lengths.append(int(end) - int(start) + 1)
+    return lengths
+
+
+@pytest.mark.parametrize("resume_with", ["4Mi", "1Mi", None])
+def test_a_resume_says_when_it_keeps_the_part_size_of_the_interrupted_pull(
+    resume_with: str | None,
+    tmp_path: Path,
+    moto_subprocess_s3_env: S3Env,
+    proxy_to_child_moto: FaultProxy,
+    child_s3: BaseClient,
+) -> None:
+    files = {"weights.bin": payload(12 * MiB)}
+    bucket = arrange_model(child_s3, files)
+    cache = tmp_path / "cache"
+    env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
+    env.pop("MODELSYNC_PART_SIZE", None)
+    slow = pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2")
+    assert kill_after_parts(slow, env, cache, parts=2) == -signal.SIGKILL
+    done = len(journal_parts(cache))
+    proxy_to_child_moto.clear()
+
+    flags = ["--part-size", resume_with] if resume_with else []
+    command = [*pull_command(bucket, cache), *flags, "--quiet"]
+    command.remove("1Mi")
+    command.remove("--part-size")
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    assert again.returncode == 0, again.stderr
+    notes = [line for line in again.stderr.splitlines() if line.startswith("note: ")]
+    if resume_with == "1Mi":
+        assert notes == []
+    else:
+        wanted = "4.0 MiB" if resume_with else "16.0 MiB"
+        assert notes == [
+            "note: resuming with the part size of the interrupted pull (1.0 MiB) for the files it had "
+            f"started, to keep their written parts; {wanted} applies to the others"
+        ]
+    # what is written is kept: only the missing 1 MiB parts were fetched
+    assert sorted(set(get_lengths(proxy_to_child_moto))) == [MiB]
+    assert len(get_lengths(proxy_to_child_moto)) == 12 - done
+    ready = cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path
+    assert (ready / "weights.bin").read_bytes() == files["weights.bin"]
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "problem"),
+    [
+        ("flag", "1Ki", "part size 1.0 KiB is under 1.0 MiB"),
+        ("flag", "0", "part size 0 B is under 1.0 MiB"),
+        ("flag", "1048575", "part size 1048575 B is under 1.0 MiB"),
+        ("flag", "1025Mi", "part size 1074790400 B is over 1.0 GiB"),
+        ("env", "1Ki", "part size 1.0 KiB is under 1.0 MiB"),
+        ("env", "5Gi", "part size 5.0 GiB is over 1.0 GiB"),
+    ],
+)
+def test_a_part_size_out_of_bounds_is_refused_with_one_line_before_anything_is_written(
+    where: str, value: str, problem: str, tmp_path: Path, moto_subprocess_s3_env: S3Env
+) -> None:
+    cache = tmp_path / "cache"
+    env = moto_subprocess_s3_env.subprocess_env()
+    command = pull_command("no-such-bucket", cache, "--quiet")
+    if where == "flag":
+        command[command.index("1Mi")] = value
+    else:
+        env["MODELSYNC_PART_SIZE"] = value
+        command.remove("1Mi")
+        command.remove("--part-size")
+
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 2, result.stderr
+    origin = "--part-size" if where == "flag" else "environment variable MODELSYNC_PART_SIZE"
+    assert result.stderr.startswith(f"error: {origin}: ") and problem in result.stderr
+    assert "use 1.0 MiB to 1.0 GiB (default 16.0 MiB)" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not cache.exists()

@@ -166,6 +166,13 @@ class Staging:
             fs.make_dirs(self.dir)
             self.journal.start(keep=resume)
 
+    def discard(self) -> None:
+        """Remove the staging directory and its journal (a pull that never started fetching)."""
+        self.journal.close()
+        fs.remove_tree(self.dir)
+        with contextlib.suppress(FileNotFoundError):
+            self.journal.path.unlink()
+
     def open_file(self, relative: str, size_bytes: int) -> int:
         """Open the staging file for writing at offsets; space is reserved up front."""
         root = fs.open_dir(self.dir)
@@ -486,23 +493,64 @@ class Cache:
             staging.journal.close()
             _seal_tree(staging.dir)
             fs.write_atomic(self.record_path(ref), render_record(record))
-            parent = self._open_parent(ref, create=True)
-            staging_fd = fs.open_dir(staging.dir.parent)
-            try:
-                name = ref.cache_path.name
-                if _exists(parent, name) and fs.exchange(staging_fd, staging.dir.name, parent, name):
-                    fs.remove_tree(staging.dir)  # the old revision, now at the staging path
-                else:
-                    self._move_aside(parent, name)
-                    os.rename(staging.dir.name, name, src_dir_fd=staging_fd, dst_dir_fd=parent)
-                os.fsync(parent)
-            finally:
-                os.close(staging_fd)
-                os.close(parent)
+            for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+                try:
+                    self._rename_into_place(ref, staging)
+                    break
+                except _ParentRemovedError:
+                    # an eviction of a sibling pruned the (then empty) parent: make it again
+                    if attempt == _PUBLISH_ATTEMPTS:
+                        raise FileNotFoundError(f"{ready.parent} kept disappearing") from None
             with contextlib.suppress(FileNotFoundError):
                 staging.journal.path.unlink()
             self._drop_quarantine(ref)
         return ready
+
+    def _rename_into_place(self, ref: ModelRef, staging: Staging) -> None:
+        try:
+            parent = self._open_parent(ref, create=True)
+        except FileNotFoundError:
+            raise _ParentRemovedError from None
+        staging_fd = fs.open_dir(staging.dir.parent)
+        try:
+            name = ref.cache_path.name
+            if _exists(parent, name) and fs.exchange(staging_fd, staging.dir.name, parent, name):
+                fs.remove_tree(staging.dir)  # the old revision, now at the staging path
+            else:
+                self._move_aside(parent, name)
+                try:
+                    os.rename(staging.dir.name, name, src_dir_fd=staging_fd, dst_dir_fd=parent)
+                except FileNotFoundError:
+                    if os.fstat(parent).st_nlink == 0:
+                        raise _ParentRemovedError from None
+                    raise
+            os.fsync(parent)
+        finally:
+            os.close(staging_fd)
+            os.close(parent)
+
+    def prune_parents(self, ref: ModelRef) -> None:
+        """Remove the directories above a model's ready path that its removal left empty.
+
+        Stops at the first one that is not empty, and never goes above the cache root
+        or through a symlink. A publish that loses its parent to this race makes it again.
+        """
+        parts = ref.cache_path.parts[:-1]
+        root = fs.open_dir(self.root)
+        try:
+            for depth in range(len(parts), 0, -1):
+                try:
+                    parent = fs.open_dir_beneath(root, PurePosixPath(*parts[: depth - 1]), create=False)
+                except OSError:
+                    return
+                try:
+                    os.rmdir(parts[depth - 1], dir_fd=parent)
+                except OSError:
+                    return  # not empty (another model, a concurrent publish), or gone
+                finally:
+                    os.close(parent)
+        finally:
+            os.close(root)
 
     def _drop_quarantine(self, ref: ModelRef) -> None:
         """A quarantined copy is stale once the model is ready again: record first, then data."""
@@ -540,6 +588,14 @@ class Cache:
         doomed = self.trash_dir / f"{name}-{os.getpid()}-{os.urandom(4).hex()}"
         os.rename(name, doomed, src_dir_fd=parent_fd)
         fs.remove_tree(doomed)
+
+
+#: how often a publish makes the ready path's parent again when a concurrent prune removed it
+_PUBLISH_ATTEMPTS = 5
+
+
+class _ParentRemovedError(Exception):
+    """The ready path's parent was removed while a publish was using it."""
 
 
 def _exists(dir_fd: int, name: str) -> bool:

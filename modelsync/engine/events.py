@@ -23,6 +23,9 @@ class PullEvents(Protocol):
     def verifying(self, path: str) -> None:
         """A file is complete and is being hashed."""
 
+    def note(self, message: str) -> None:
+        """Something the user should know about how the pull runs (one line, no prefix)."""
+
 
 class ByteCounter:
     """Thread-safe running totals a renderer can poll."""
@@ -49,4 +52,7 @@ class NoEvents:
         pass
 
     def verifying(self, path: str) -> None:
+        pass
+
+    def note(self, message: str) -> None:
         pass

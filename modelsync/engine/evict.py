@@ -49,6 +49,7 @@ def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResu
             fs.remove_tree(cache.quarantine_dir / ref.slug)
             (cache.quarantine_dir / f"{ref.slug}.json").unlink(missing_ok=True)
             cache.unpublish(ref)
+            cache.prune_parents(ref)
             cache.forget(ref)
             catalog.index.remove([model])
         finally:

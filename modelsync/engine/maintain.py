@@ -9,6 +9,7 @@ left alone and reported as busy.
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import stat
 import time
@@ -17,12 +18,13 @@ from pathlib import Path
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, Journal
+from modelsync.adapters.foreground import remove_if_stale, stale_markers
 from modelsync.core.parts import layout_bytes, plan_parts
 from modelsync.core.record import CompletionRecord, parse_record, render_record
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.engine.catalog import QUARANTINED, READY, Catalog
 from modelsync.engine.ready import Problem, full_check, quick_check
-from modelsync.errors import NotFoundError
+from modelsync.errors import ModelsyncError, NotFoundError
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +36,22 @@ class ModelCheck:
     busy: bool = False
 
 
+class Removal(enum.Enum):
+    """How `gc` removes a leftover safely."""
+
+    #: a file, or a tree that no process uses any more
+    DELETE = "delete"
+    #: an empty directory of the model tree: only while still empty (a publish may fill it)
+    RMDIR = "rmdir"
+    #: a foreground marker: only under its lock (a pull may announce itself again)
+    UNLOCKED = "unlocked"
+
+
 @dataclass(frozen=True, slots=True)
 class Leftover:
     path: Path
     reason: str
+    how: Removal = Removal.DELETE
 
 
 @dataclass(slots=True)
@@ -201,7 +215,7 @@ def _unlink_quietly(path: Path) -> None:
 
 
 def leftovers(cache: Cache, older_than_s: float = 0.0) -> list[Leftover]:
-    """Crash debris: staging without a journal, journals without staging, orphan locks, trash."""
+    """Crash debris: staging, journals, orphan locks and markers, trash, empty directories."""
     now = time.time()
     found = []
     staging_names = _names(cache.staging_dir)
@@ -231,17 +245,80 @@ def leftovers(cache: Cache, older_than_s: float = 0.0) -> list[Leftover]:
         for n in _names(cache.trash_dir)
         if now - _ctime(cache.trash_dir / n) >= older_than_s
     ]
+    found += [
+        Leftover(path, "foreground marker of a pull that has ended", Removal.UNLOCKED)
+        for path in stale_markers(cache.root)
+        if now - _mtime(path) >= older_than_s
+    ]
+    quarantined = {p.stem for p in cache.quarantine_dir.glob("*.json")}
+    for directory in (cache.used_dir, cache.verified_dir, cache.leases_dir):
+        found += [
+            Leftover(directory / name, "marker of a model no longer cached")
+            for name in _names(directory)
+            if name not in live and name not in quarantined and not name.startswith(".")
+            and not cache.lock_is_held(name) and now - _mtime(directory / name) >= older_than_s
+        ]
+    found += [
+        Leftover(path, "empty directory", Removal.RMDIR)
+        for path in _empty_dirs(cache, now - older_than_s)
+    ]
+    return found
+
+
+def _empty_dirs(cache: Cache, older_than: float) -> list[Path]:
+    """Directories of the model tree that hold nothing (an eviction by an older version, a crash).
+
+    Children come before their parents, so removing them in order empties the parents.
+    Ready models are not descended into; the state directory is skipped.
+    """
+    ready: set[Path] = set()
+    for path in cache.records_dir.glob("*.json"):
+        with contextlib.suppress(OSError, ModelsyncError):
+            source = parse_record(path.read_bytes(), str(path)).source
+            ready.add(cache.root / parse_model_name(source).cache_path)
+    # the filesystem's own directory (ext4) is not ours to remove
+    not_ours = {cache.state_dir, cache.root / "lost+found"}
+    found: list[Path] = []
+
+    def visit(directory: Path) -> bool:
+        """Whether `directory` holds only empty directories old enough to go."""
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return False
+        empty = True
+        for entry in entries:
+            child = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False) and child not in ready and child not in not_ours:
+                empty = visit(child) and empty
+            else:
+                empty = False
+        if empty and directory != cache.root and _mtime(directory) <= older_than:
+            found.append(directory)
+            return True
+        return False
+
+    visit(cache.root)
     return found
 
 
 def collect_garbage(cache: Cache, catalog: Catalog, older_than_s: float) -> list[Leftover]:
     """Remove leftovers older than `older_than_s`; stale index rows were already dropped by the catalog."""
-    removed = leftovers(cache, older_than_s)
-    for item in removed:
-        if item.path.is_dir() and not item.path.is_symlink():
+    removed = []
+    for item in leftovers(cache, older_than_s):
+        if item.how is Removal.RMDIR:
+            try:
+                os.rmdir(item.path)
+            except OSError:
+                continue  # no longer empty: a publish is using it
+        elif item.how is Removal.UNLOCKED:
+            if not remove_if_stale(item.path):
+                continue
+        elif item.path.is_dir() and not item.path.is_symlink():
             fs.remove_tree(item.path)
         else:
             item.path.unlink(missing_ok=True)
+        removed.append(item)
     return removed
 
 

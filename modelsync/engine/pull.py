@@ -125,6 +125,9 @@ class ProgressNote:
     def verifying(self, path: str) -> None:
         self._events.verifying(path)
 
+    def note(self, message: str) -> None:
+        self._events.note(message)
+
 
 class PullCancelledError(Exception):
     """The caller set the pull's cancel event; the journal keeps what was written, so a later pull resumes."""
@@ -253,6 +256,7 @@ class _Puller:
                 state = JournalState()
             resume = bool(state.files)
             plan = plan_pull(files, self.settings.part_size_bytes, state.done_parts(), state.part_sizes())
+            self._note_kept_part_size(plan, state)
             self.staging.prepare(resume=resume)
             etags = {f.path: f.etag for f in files}
             self.verified = {
@@ -264,15 +268,14 @@ class _Puller:
                 for w in plan.files
                 if w.file.path not in state.files and w.file.path not in linked
             )
-            room = await asyncio.to_thread(
-                make_room,
-                self.settings,
-                self.cache,
-                self.catalog,
-                self.ref,
-                needed,
-                self.protected,
-            )
+            try:
+                room = await asyncio.to_thread(
+                    make_room, self.settings, self.cache, self.catalog, self.ref, needed, self.protected
+                )
+            except DiskFullError:
+                if not resume:
+                    self.staging.discard()  # refused before a byte was fetched: leave nothing behind
+                raise
             self.evicted = room.evicted
             to_fetch = sum(w.missing_bytes for w in plan.files if w.file.path not in self.verified)
             self.events.planned(len(plan.files), plan.total_bytes, to_fetch)
@@ -300,6 +303,28 @@ class _Puller:
             path = await asyncio.to_thread(self.cache.publish, self.ref, self.staging, record)
             self.catalog.register(self.ref, record)
             return path, plan
+
+    def _note_kept_part_size(self, plan: PullPlan, state: JournalState) -> None:
+        """Say so when a resume keeps the journal's part size for files it had started.
+
+        Their written parts are laid out in that size, so they keep it rather than
+        fetch again what is on disk; files not started yet use the size asked for.
+        """
+        wanted = self.settings.part_size_bytes
+        kept = {
+            layout_bytes(w.parts)
+            for w in plan.files
+            if w.file.path in state.files
+            and w.file.path not in state.verified
+            and w.missing
+            and layout_bytes(w.parts) != layout_bytes(plan_parts(w.file.size_bytes, wanted))
+        }
+        if kept:
+            sizes = " and ".join(format_bytes(size) for size in sorted(kept))
+            self.events.note(
+                f"resuming with the part size of the interrupted pull ({sizes}) for the files it had "
+                f"started, to keep their written parts; {format_bytes(wanted)} applies to the others"
+            )
 
     def abort(self) -> None:
         """Stop every transfer now (their sockets close); the caller then cancels the tasks."""

@@ -149,6 +149,9 @@ class _Events:
     def verifying(self, path: str) -> None:
         pass
 
+    def note(self, message: str) -> None:
+        log.info("%s: %s", self._label, message, extra={"model": self._label})
+
 
 class Reconciler:
     def __init__(

@@ -124,6 +124,7 @@ def _quarantine(cache: Cache, catalog: Catalog, ref: ModelRef, record: Completio
         fs.write_atomic(cache.quarantine_dir / f"{ref.slug}.json", render_record(record))
         os.rename(cache.ready_path(ref), target)
         cache.record_path(ref).unlink(missing_ok=True)
+    cache.prune_parents(ref)
     catalog.register(ref, record, QUARANTINED)
 
 

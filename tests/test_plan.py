@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -59,7 +60,7 @@ def sched(*models: ScheduledModel) -> Schedule:
 
 def cached(model_id: str, size_bytes: int, last_used: float, pinned: bool = False) -> CacheEntry:
     """A ready model whose files nothing else shares."""
-    blob = Blob((0, hash(model_id)), size_bytes)
+    blob = Blob((0, int.from_bytes(hashlib.sha256(model_id.encode()).digest()[:8], "big")), size_bytes)
     return CacheEntry(model_id, last_used, pinned, blobs=frozenset({blob}))
 
 

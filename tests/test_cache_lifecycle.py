@@ -344,7 +344,6 @@ def test_evict_by_name_unpublishes_the_model_deletes_its_data_and_ls_no_longer_s
 
 def test_evicting_leaves_no_empty_directories_and_keeps_those_other_models_still_use(
     cache: Cache,
-    settings: Settings,
     pulled: Callable[..., Model],
     upload: Callable[..., Model],
     run: Callable[..., subprocess.CompletedProcess[str]],

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from modelsync.core.desired import ModelState, desired_models
-from modelsync.core.eviction import Blob, CacheEntry
+from modelsync.core.eviction import Blob, CacheEntry, EntryState
 from modelsync.core.plan import (
     UNSCHEDULED,
     Action,
@@ -131,6 +131,14 @@ def test_plan_counts_files_that_revisions_share_once_and_evicts_only_for_bytes_i
     pinned_new = CacheEntry("models/m/r2", 2.0, pinned=True, blobs=new.blobs)
     short = plan_node(schedule, "p", AT_0730, (old, pinned_new), 5 * GB, None, {mid("a"): 0})
     assert not short.fits and short.eviction.freed_bytes == 1000
+
+
+def test_a_fetch_already_running_counts_once_through_the_space_its_pull_claimed() -> None:
+    schedule = sched(model("a", (daily(8),)))
+    claim = CacheEntry(mid("a"), 0.0, state=EntryState.PULLING, blobs=frozenset({Blob((-2, 1), 3 * GB)}))
+    plan = plan_node(schedule, "p", AT_0730, [claim], 5 * GB, None, {mid("a"): 4 * GB})
+    assert plan.used_bytes == 3 * GB and plan.fits
+    assert [m.model_id for m in plan.fetch] == [mid("a")]
 
 
 def test_plan_does_not_fit_when_protected_models_and_fetches_exceed_the_budget() -> None:

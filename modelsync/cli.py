@@ -115,7 +115,10 @@ def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
     """Re-hash a ready model; a damaged one is unpublished with its bad files staged for the pull."""
     from modelsync.engine.maintain import verify_ready
 
-    problems = verify_ready(Cache(settings.cache_dir), ref, settings.part_size_bytes)
+    def waiting(holder: str) -> None:
+        typer.echo(f"{ref.model_id}: waiting for {holder}, which holds it", err=True)
+
+    problems = verify_ready(Cache(settings.cache_dir), ref, settings.part_size_bytes, waiting)
     if problems is None:
         return None
     for p in problems:

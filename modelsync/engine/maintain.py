@@ -13,6 +13,7 @@ import enum
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,13 +190,16 @@ def repair_ready(
         cache.record_path(ref).unlink(missing_ok=True)
 
 
-def verify_ready(cache: Cache, ref: ModelRef, part_size_bytes: int) -> list[Problem] | None:
+def verify_ready(
+    cache: Cache, ref: ModelRef, part_size_bytes: int, on_wait: Callable[[str], None] | None = None
+) -> list[Problem] | None:
     """Re-hash a ready model (`pull --verify`): record the verification, or stage its bad files.
 
     None when the model is not ready; otherwise its problems, and a damaged model
     is left unpublished with its good files staged for the pull that follows.
+    `on_wait` hears who holds the model's lock while this waits for it.
     """
-    with cache.locked(ref):
+    with cache.locked(ref, on_wait):
         record = cache.ready_record(ref)
         if record is None:
             return None

@@ -532,6 +532,9 @@ def test_ls_plan_evict_and_the_daemon_agree_on_revisions_that_share_files(
         f"{format_bytes(config_bytes)}; protected: models/org/m/r2 (the schedule needs it: prefetch on m)"
     ), summary
 
+    over_ls = run_cli({**env, "MODELSYNC_CACHE_MAX_BYTES": "4Mi"}, "ls", *at).stdout.splitlines()[-1]
+    assert f"used of a 4.0 MiB budget (over by {format_bytes(2 * config_bytes)})," in over_ls
+
     daemon = start_daemon(schedule, env)
     wait_until(lambda: daemon.metric("modelsync_cache_used_bytes") == used, what="the cache is counted")
     assert daemon.metric("modelsync_schedule_fits_budget") == 1

@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelsync.core.plan import CachedModel, plan_node
+from modelsync.core.eviction import Blob, CacheEntry
+from modelsync.core.plan import plan_node
 from modelsync.core.schedule import load_schedule
 from modelsync.metrics import DaemonMetrics
 
@@ -32,10 +33,10 @@ def staged(metrics: DaemonMetrics) -> dict[str, float]:
 def test_the_staged_gauge_follows_the_plan_and_drops_models_that_left_it() -> None:
     metrics = DaemonMetrics()
     both = load_schedule(schedule("s3://models/a/r1/", "s3://models/b/r1/"), "schedule.yaml")
-    cached = {"models/a/r1": CachedModel(size_bytes=10, last_used=0.0)}
+    cached = [CacheEntry("models/a/r1", last_used=0.0, blobs=frozenset({Blob((0, 1), 10)}))]
     metrics.observe_plan(plan_node(both, "p", NOW, cached, None, None), 0.0)
     assert staged(metrics) == {"models/a/r1": 1.0, "models/b/r1": 0.0}
 
     only_b = load_schedule(schedule("s3://models/b/r1/"), "schedule.yaml")
-    metrics.observe_plan(plan_node(only_b, "p", NOW, {}, None, None), 0.0)
+    metrics.observe_plan(plan_node(only_b, "p", NOW, (), None, None), 0.0)
     assert staged(metrics) == {"models/b/r1": 0.0}

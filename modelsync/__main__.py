@@ -14,9 +14,9 @@ def main() -> None:
     if path is not None:
         print(path)
         return
-    from modelsync.cli import app
+    from modelsync.cli import run
 
-    app()
+    sys.exit(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

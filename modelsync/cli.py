@@ -1,18 +1,25 @@
 """The command line: parse input, build Settings once, run the engine, map errors to exit codes.
 
 Every ModelsyncError becomes one `error: ...` line on stderr and its exit code
-(modelsync.errors.ExitCode); anything else is a bug and keeps its traceback.
-Commands that need no S3 (a warm pull, ls) never import the S3 stack.
+(modelsync.errors.ExitCode), and so does a mistake the parser catches (an
+unknown option, a missing argument: exit 2); anything else is a bug and keeps
+its traceback. Commands that need no S3 (a warm pull, ls) never import the S3 stack.
+
+Help is rendered as plain text, without markup, so the `[env var: ...; default: ...]`
+of each option shows as written; tests/test_cli_help.py renders every command's help.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError
+from typer._click.exceptions import UsageError as ParseError
 
 from modelsync import cli_cache, cli_schedule
 from modelsync.adapters.cache import Cache
@@ -28,12 +35,13 @@ from modelsync.cli_common import (
     Region,
     build_settings,
     cold_pull,
+    usable_cache,
     user_errors,
 )
-from modelsync.config import Settings
+from modelsync.config import S3_SETTINGS, Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import parse_duration
-from modelsync.errors import LocalStorageError, UsageError
+from modelsync.errors import ExitCode, LocalStorageError, UsageError
 
 app = typer.Typer(
     name="modelsync",
@@ -41,13 +49,56 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the command line on `argv`; the process's exit code.
+
+    The parser's own mistakes (unknown option, missing argument, bad integer) are
+    printed as one `error:` line like every other user error, not as a usage block.
+    """
+    try:
+        code = app(args=list(argv), prog_name="modelsync", standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        exc.show()
+        return int(ExitCode.USAGE)
+    except ParseError as exc:
+        where = f"`{exc.ctx.command_path} --help`" if exc.ctx is not None else "`modelsync --help`"
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"error: {message} (see {where})", err=True)
+        return int(ExitCode.USAGE)
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        return int(ExitCode.INTERNAL)
+    return code if isinstance(code, int) else 0
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"modelsync {version('modelsync')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Keep model weights staged on GPU nodes: verified, atomic, resumable pulls from S3."""
 
 
 @app.command()
 @user_errors
 def pull(
-    source: Annotated[str, typer.Argument(help="s3://bucket/prefix/ of one model revision.")],
+    source: Annotated[
+        str, typer.Argument(metavar="SOURCE", help="s3://bucket/prefix/ of one model revision.")
+    ],
     cache_dir: CacheDir = None,
     endpoint_url: EndpointUrl = None,
     region: Region = None,
@@ -61,7 +112,11 @@ def pull(
     ] = False,
     lease: Annotated[
         str | None,
-        typer.Option("--lease", help="Hold the model in use this long (e.g. 8h): making room skips it."),
+        typer.Option(
+            "--lease",
+            metavar="DURATION",
+            help="Hold the model in use this long (e.g. 8h): making room skips it. [default: none]",
+        ),
     ] = None,
     quiet: Quiet = False,
 ) -> None:
@@ -82,6 +137,7 @@ def pull(
         return
     from modelsync.engine.ready import warm_path
 
+    usable_cache(settings)
     path = warm_path(settings.cache_dir, ref)
     if path is not None and verify:
         path = _verify_warm(settings, ref)
@@ -129,31 +185,58 @@ def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
 @app.command()
 @user_errors
 def publish(
-    directory: Annotated[Path, typer.Argument(help="Local model directory.")],
-    source: Annotated[str, typer.Argument(help="Destination s3://bucket/prefix/.")],
+    directory: Annotated[Path, typer.Argument(metavar="DIRECTORY", help="Local model directory.")],
+    source: Annotated[
+        str,
+        typer.Argument(metavar="DEST", help="Destination s3://bucket/prefix/; the bucket must exist."),
+    ],
     endpoint_url: EndpointUrl = None,
     region: Region = None,
     config: ConfigFile = None,
     concurrency: Concurrency = None,
     part_size: PartSize = None,
     insecure: Insecure = False,
+    quiet: Quiet = False,
 ) -> None:
-    """Upload a model directory; its modelsync.manifest.json is written last."""
+    """Upload a model directory to an existing bucket; its modelsync.manifest.json is written last."""
     import asyncio
 
+    from modelsync.core.units import format_bytes
     from modelsync.engine.publish import publish as run_publish
+    from modelsync.progress import StderrProgress
 
     ref = parse_source(source)
-    settings = build_settings(None, endpoint_url, region, config, concurrency, part_size, None, insecure)
-    result = asyncio.run(run_publish(settings, directory, ref))
-    typer.echo(f"published {result.files} files ({result.total_bytes} bytes) to {ref.uri}", err=True)
+    settings = build_settings(
+        None,
+        endpoint_url,
+        region,
+        config,
+        concurrency,
+        part_size,
+        None,
+        insecure,
+        needed=S3_SETTINGS | {"concurrency", "part_size_bytes"},
+    )
+    progress = StderrProgress(ref.uri, quiet=quiet, verb="upload")
+    try:
+        result = asyncio.run(run_publish(settings, directory, ref, progress))
+    finally:
+        progress.close()
+    if not quiet:
+        noun = "file" if result.files == 1 else "files"
+        typer.echo(
+            f"published {result.files} {noun} ({format_bytes(result.total_bytes)}) to {ref.uri}", err=True
+        )
     typer.echo(ref.uri)
 
 
 @app.command()
 @user_errors
 def demo(
-    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo cache directory.")] = False,
+    keep: Annotated[
+        bool,
+        typer.Option("--keep", help="Keep the generated model and the cache, and print where they are."),
+    ] = False,
 ) -> None:
     """Run the whole job on an embedded S3 server: generate, publish, pull cold, pull warm."""
     from modelsync.demo import run_demo

@@ -16,7 +16,17 @@ import typer
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
-from modelsync.cli_common import CacheDir, ConfigFile, EndpointUrl, Quiet, build_settings
+from modelsync.cli_common import (
+    CacheDir,
+    ConfigFile,
+    EndpointUrl,
+    Json,
+    Quiet,
+    build_settings,
+    cache_settings,
+    existing_cache,
+    plural,
+)
 from modelsync.config import Settings
 from modelsync.core.eviction import EvictionPlan, budget_use, plan_named, plan_to_size, plan_unused
 from modelsync.core.refs import parse_model_name
@@ -25,14 +35,14 @@ from modelsync.engine.catalog import Catalog, ModelView, open_catalog
 from modelsync.engine.evict import budget_bytes, evict
 from modelsync.errors import IntegrityError, UsageError
 
-Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="Cached model (bucket/prefix or s3:// URI).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
 
 
 def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = False) -> None:
     """List cached models: size, last use, pin, state, verification, and totals against the budget."""
-    settings = build_settings(cache_dir=cache_dir, config=config)
-    cache = Cache(settings.cache_dir)
+    settings = cache_settings(cache_dir, config)
+    cache = existing_cache(settings)
     budget = budget_bytes(settings)
     with open_catalog(cache) as catalog:
         views = catalog.views()
@@ -65,40 +75,66 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     limit = f" of a {format_bytes(budget)} budget" if budget is not None else ""
     if use.over_bytes:
         limit += f" (over by {format_bytes(use.over_bytes)})"
-    typer.echo(f"{len(views)} models, {format_bytes(used)} used{limit}, {format_bytes(free)} free on disk")
+    typer.echo(
+        f"{plural(len(views), 'model')}, {format_bytes(used)} used{limit}, {format_bytes(free)} free on disk"
+    )
 
 
 def evict_command(
     models: Annotated[
-        list[str] | None, typer.Argument(help="Models to evict (bucket/prefix or s3:// URI).")
+        list[str] | None,
+        typer.Argument(metavar="MODEL", help="Models to evict (bucket/prefix or s3:// URI)."),
     ] = None,
     to_size: Annotated[
-        str | None, typer.Option("--to-size", help="Evict LRU models until the cache is this size.")
+        str | None,
+        typer.Option("--to-size", metavar="SIZE", help="Evict LRU models until the cache is this size."),
     ] = None,
     unused_for: Annotated[
-        str | None, typer.Option("--unused-for", help="Evict models unused this long, e.g. 7d.")
+        str | None,
+        typer.Option("--unused-for", metavar="DURATION", help="Evict models unused this long, e.g. 7d."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Evict named models even when pinned.")] = False,
     dry_run: DryRun = False,
     cache_dir: CacheDir = None,
     config: ConfigFile = None,
+    as_json: Json = False,
 ) -> None:
     """Evict models: by name, down to a size, or unused for a while."""
     chosen = sum(x is not None and x != [] for x in (models, to_size, unused_for))
     if chosen != 1:
         raise UsageError("name models to evict, or give exactly one of --to-size or --unused-for")
-    settings = build_settings(cache_dir=cache_dir, config=config)
-    cache = Cache(settings.cache_dir)
+    settings = cache_settings(cache_dir, config)
+    cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
         plan = _eviction_plan(settings, catalog, models or [], to_size, unused_for, force)
-        for line in plan.describe():
-            typer.echo(line)
+        if dry_run or (plan.satisfied and not as_json):
+            _show_plan(plan, as_json)  # a dry run shows even a plan that falls short, and what blocks it
+        if not plan.satisfied:
+            raise UsageError(plan.describe()[0])
         if dry_run:
             return
         result = evict(cache, catalog, plan.victims)
     for model in result.skipped:
         typer.echo(f"skipped {model}: a pull of it started meanwhile", err=True)
-    typer.echo(f"evicted {len(result.evicted)} model{'s' if len(result.evicted) != 1 else ''}")
+    if as_json:
+        typer.echo(json.dumps({"evicted": list(result.evicted), "skipped": list(result.skipped)}, indent=1))
+    else:
+        typer.echo(f"evicted {plural(len(result.evicted), 'model')}")
+
+
+def _show_plan(plan: EvictionPlan, as_json: bool) -> None:
+    if as_json:
+        doc = {
+            "victims": list(plan.victims),
+            "freed_bytes": plan.freed_bytes,
+            "needed_bytes": plan.needed_bytes,
+            "satisfied": plan.satisfied,
+            "protected": [{"model": p.model, "reason": p.reason} for p in plan.protected],
+        }
+        typer.echo(json.dumps(doc, indent=1))
+    else:
+        for line in plan.describe():
+            typer.echo(line)
 
 
 def _eviction_plan(
@@ -112,17 +148,14 @@ def _eviction_plan(
     entries = catalog.eviction_entries()
     now = time.time()
     if to_size is not None:
-        plan = plan_to_size(entries, parse_size(to_size), now, settings.in_use_grace_s)
-        if not plan.satisfied:
-            raise UsageError(plan.describe()[0])
-        return plan
+        return plan_to_size(entries, parse_size(to_size), now, settings.in_use_grace_s)
     if unused_for is not None:
         return plan_unused(entries, parse_duration(unused_for), now, settings.in_use_grace_s)
     return plan_named(entries, [parse_model_name(m).model_id for m in models], force)
 
 
 def pin(
-    model: Annotated[str, typer.Argument(help="Cached model (bucket/prefix or s3:// URI).")],
+    model: ModelArg,
     cache_dir: CacheDir = None,
     config: ConfigFile = None,
 ) -> None:
@@ -131,7 +164,7 @@ def pin(
 
 
 def unpin(
-    model: Annotated[str, typer.Argument(help="Cached model (bucket/prefix or s3:// URI).")],
+    model: ModelArg,
     cache_dir: CacheDir = None,
     config: ConfigFile = None,
 ) -> None:
@@ -141,8 +174,7 @@ def unpin(
 
 def _set_pin(model: str, pinned: bool, cache_dir: CacheDir, config: ConfigFile) -> None:
     ref = parse_model_name(model)
-    settings = build_settings(cache_dir=cache_dir, config=config)
-    cache = Cache(settings.cache_dir)
+    cache = existing_cache(cache_settings(cache_dir, config))
     with open_catalog(cache) as catalog:
         catalog.require(ref.model_id)
     cache.pin(ref, pinned)
@@ -150,7 +182,9 @@ def _set_pin(model: str, pinned: bool, cache_dir: CacheDir, config: ConfigFile) 
 
 
 def verify(
-    model: Annotated[str | None, typer.Argument(help="One model; default: every ready model.")] = None,
+    model: Annotated[
+        str | None, typer.Argument(metavar="MODEL", help="One model; default: every ready model.")
+    ] = None,
     full: Annotated[bool, typer.Option("--full", help="Re-hash every byte against the records.")] = False,
     repair: Annotated[
         bool, typer.Option("--repair", help="Fetch only the bad files of quarantined models.")
@@ -159,23 +193,40 @@ def verify(
     endpoint_url: EndpointUrl = None,
     config: ConfigFile = None,
     quiet: Quiet = False,
+    as_json: Json = False,
 ) -> None:
     """Check cached models; a damaged one is quarantined (not served); --repair refetches its bad files."""
     from modelsync.engine.maintain import verify as run_verify
 
-    settings = build_settings(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config)
-    cache = Cache(settings.cache_dir)
+    if repair:  # a repair pulls, so it needs every setting; a check needs only the cache's
+        settings = build_settings(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config)
+    else:
+        settings = cache_settings(cache_dir, config)
+    cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
         report = run_verify(cache, catalog, model, full)
         quarantined = [v.model for v in catalog.views() if v.state == "quarantined"]
-    for check in report.checks:
+    if as_json:
+        doc = {
+            "models": [
+                {
+                    "model": c.model,
+                    "busy": c.busy,
+                    "problems": [{"path": p.path, "reason": p.reason} for p in c.problems],
+                }
+                for c in report.checks
+            ],
+            "leftovers": [{"path": str(item.path), "reason": item.reason} for item in report.leftovers],
+        }
+        typer.echo(json.dumps(doc, indent=1))
+    for check in [] if as_json else report.checks:
         if check.busy:
             typer.echo(f"busy  {check.model}: being pulled, not checked")
         elif not check.problems:
             typer.echo(f"ok    {check.model}")
         for problem in check.problems:
             typer.echo(f"bad   {check.model}/{problem.path}: {problem.reason}")
-    for item in report.leftovers:
+    for item in [] if as_json else report.leftovers:
         typer.echo(f"note  {item.path}: {item.reason} (modelsync gc removes it)")
     if repair:
         targets = [parse_model_name(model).model_id] if model else quarantined
@@ -185,7 +236,7 @@ def verify(
     damaged = [c.model for c in report.checks if c.problems]
     if damaged:
         raise IntegrityError(
-            f"{len(damaged)} model(s) damaged and quarantined ({', '.join(damaged)}); "
+            f"{plural(len(damaged), 'model')} damaged and quarantined ({', '.join(damaged)}); "
             "run `modelsync verify --repair` to fetch the bad files again"
         )
 
@@ -206,25 +257,39 @@ def _repair(settings: Settings, cache: Cache, model: str, quiet: bool) -> None:
 
 
 def gc(
-    older_than: Annotated[str, typer.Option("--older-than", help="Only leftovers older than this.")] = "24h",
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than", metavar="DURATION", help="Only leftovers older than this.", show_default=True
+        ),
+    ] = "24h",
     dry_run: DryRun = False,
     cache_dir: CacheDir = None,
     config: ConfigFile = None,
+    as_json: Json = False,
 ) -> None:
     """Remove abandoned staging, orphan locks, unfinished deletes and stale index rows."""
     from modelsync.engine.maintain import collect_garbage, leftovers
 
-    settings = build_settings(cache_dir=cache_dir, config=config)
-    cache = Cache(settings.cache_dir)
     age_s = parse_duration(older_than)
+    cache = existing_cache(cache_settings(cache_dir, config))
     with open_catalog(cache) as catalog:
-        if catalog.stale_rows_dropped:
-            typer.echo(f"removed {catalog.stale_rows_dropped} stale index row(s)")
+        stale_rows = catalog.stale_rows_dropped
         found = leftovers(cache, age_s) if dry_run else collect_garbage(cache, catalog, age_s)
+    if as_json:
+        doc = {
+            "dry_run": dry_run,
+            "stale_index_rows": stale_rows,
+            "leftovers": [{"path": str(item.path), "reason": item.reason} for item in found],
+        }
+        typer.echo(json.dumps(doc, indent=1))
+        return
+    if stale_rows:
+        typer.echo(f"removed {plural(stale_rows, 'stale index row')}")
     verb = "would remove" if dry_run else "removed"
     for item in found:
         typer.echo(f"{verb} {item.path} ({item.reason})")
-    typer.echo(f"{verb} {len(found)} leftover(s)")
+    typer.echo(f"{verb} {plural(len(found), 'leftover')}")
 
 
 def _ago(at: float | None, now: float) -> str:

@@ -7,16 +7,24 @@ Kept apart from the command modules so they can all use it without importing eac
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
-from modelsync.config import Settings, config_file_from, environment, load_settings
+from modelsync.adapters.cache import Cache
+from modelsync.config import (
+    CACHE_SETTINGS,
+    Settings,
+    config_file_from,
+    environment,
+    load_settings,
+    parse_setting,
+)
 from modelsync.core.refs import ModelRef
-from modelsync.core.units import parse_size
-from modelsync.errors import ModelsyncError
+from modelsync.errors import LocalStorageError, ModelsyncError, NotFoundError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,36 +47,78 @@ def user_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def optional_size(text: str | None) -> int | None:
-    """A size flag's value in bytes; None when the flag was not given."""
-    return None if text is None else parse_size(text)
+def _setting(name: str, text: str, default: str | None = None) -> str:
+    """Help for an option backed by a setting: its variable and default, from Settings itself.
 
+    The bracket is plain text: the app renders help without markup (cli.py), so
+    nothing in it is taken for a style tag.
+    """
+    f = _SETTING_FIELDS[name]
+    shown = default if default is not None else str(f.default)
+    return f"{text} [env var: {f.metadata['env']}; default: {shown}]"
+
+
+_SETTING_FIELDS = {f.name: f for f in fields(Settings)}
 
 CacheDir = Annotated[
     Path | None,
-    typer.Option("--cache-dir", help="Cache root [env MODELSYNC_CACHE_DIR; default /model-cache]."),
+    typer.Option("--cache-dir", metavar="DIR", help=_setting("cache_dir", "Cache root.")),
 ]
 EndpointUrl = Annotated[
-    str | None, typer.Option("--endpoint-url", help="S3 endpoint [env AWS_ENDPOINT_URL].")
+    str | None,
+    typer.Option(
+        "--endpoint-url",
+        metavar="URL",
+        help=_setting("endpoint_url", "S3 endpoint, http:// or https://.", "the AWS endpoint"),
+    ),
 ]
 Region = Annotated[
-    str | None, typer.Option("--region", help="S3 region [env AWS_REGION; default us-east-1].")
+    str | None, typer.Option("--region", metavar="REGION", help=_setting("region", "S3 signing region."))
 ]
 ConfigFile = Annotated[
-    Path | None, typer.Option("--config", help="TOML settings file [env MODELSYNC_CONFIG].")
+    Path | None,
+    typer.Option(
+        "--config", metavar="FILE", help="TOML settings file [env var: MODELSYNC_CONFIG; default: none]."
+    ),
 ]
 Concurrency = Annotated[
-    int | None, typer.Option("--concurrency", min=1, help="Ranged GETs in flight [default 8].")
+    int | None,
+    typer.Option("--concurrency", metavar="N", min=1, help=_setting("concurrency", "Transfers in flight.")),
 ]
 PartSize = Annotated[
-    str | None, typer.Option("--part-size", help="Bytes per ranged GET, e.g. 16Mi [default 16Mi].")
+    str | None,
+    typer.Option(
+        "--part-size",
+        metavar="SIZE",
+        help=_setting("part_size_bytes", "Bytes per ranged GET or upload part.", "16Mi"),
+    ),
 ]
 MaxBandwidth = Annotated[
     str | None,
-    typer.Option("--max-bandwidth", help="Download cap in bytes/s, e.g. 500Mi; 0 = none."),
+    typer.Option(
+        "--max-bandwidth",
+        metavar="RATE",
+        help=_setting("max_bandwidth_bytes_per_s", "Download cap, e.g. 500Mi/s; 0 = no cap.", "0"),
+    ),
 ]
-Insecure = Annotated[bool, typer.Option("--insecure", help="Skip TLS certificate checks (warns).")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+Insecure = Annotated[
+    bool,
+    typer.Option("--insecure", help=_setting("insecure", "Skip TLS certificate checks (warns).", "off")),
+]
+Quiet = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress on stderr; errors and notes about your flags still show.")
+]
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 model`, `2 models`: counts in messages read as English."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _flag(name: str, flag: str, text: str | None) -> object | None:
+    """A flag's text through its setting's parser, so a flag and its variable accept the same values."""
+    return None if text is None else parse_setting(name, text, flag)
 
 
 def build_settings(
@@ -80,22 +130,53 @@ def build_settings(
     part_size: str | None = None,
     max_bandwidth: str | None = None,
     insecure: bool = False,
+    needed: Collection[str] | None = None,
 ) -> Settings:
-    """Flags > environment > config file > defaults, read once here."""
+    """Flags > environment > config file > defaults, read once here.
+
+    `needed` names the settings the command uses (default: all); a bad value of
+    another one in the environment or config file does not stop it.
+    """
     env = environment()
     flags: dict[str, object | None] = {
         "cache_dir": cache_dir.expanduser().absolute() if cache_dir else None,
-        "endpoint_url": endpoint_url,
+        "endpoint_url": _flag("endpoint_url", "--endpoint-url", endpoint_url),
         "region": region,
         "concurrency": concurrency,
-        "part_size_bytes": optional_size(part_size),
-        "max_bandwidth_bytes_per_s": optional_size(max_bandwidth),
+        "part_size_bytes": _flag("part_size_bytes", "--part-size", part_size),
+        "max_bandwidth_bytes_per_s": _flag("max_bandwidth_bytes_per_s", "--max-bandwidth", max_bandwidth),
         "insecure": True if insecure else None,
     }
-    settings = load_settings(flags, env, config_file_from(config, env))
+    settings = load_settings(flags, env, config_file_from(config, env), needed)
     if settings.insecure:
         typer.echo("warning: TLS certificate verification is off (--insecure)", err=True)
     return settings
+
+
+def cache_settings(cache_dir: Path | None, config: Path | None) -> Settings:
+    """Settings of a command that only reads or manages the cache."""
+    return build_settings(cache_dir=cache_dir, config=config, needed=CACHE_SETTINGS)
+
+
+def usable_cache(settings: Settings) -> Cache:
+    """The cache at the configured root, which may not exist yet but must not be a regular file."""
+    root = settings.cache_dir
+    if root.exists() and not root.is_dir():
+        raise LocalStorageError(
+            f"cache root {root} is not a directory; check --cache-dir or MODELSYNC_CACHE_DIR"
+        )
+    return Cache(root)
+
+
+def existing_cache(settings: Settings) -> Cache:
+    """The cache for a command that must not create one: a typo'd --cache-dir is one line, not a new cache."""
+    cache = usable_cache(settings)
+    if not cache.state_dir.is_dir():
+        raise NotFoundError(
+            f"no modelsync cache at {cache.root}; check --cache-dir or MODELSYNC_CACHE_DIR "
+            "(a pull or the daemon creates the cache)"
+        )
+    return cache
 
 
 def cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:

@@ -19,6 +19,7 @@ from modelsync.cli_common import (
     ConfigFile,
     EndpointUrl,
     Insecure,
+    Json,
     MaxBandwidth,
     PartSize,
     Quiet,
@@ -27,15 +28,20 @@ from modelsync.cli_common import (
     cold_pull,
 )
 from modelsync.config import environment
-from modelsync.core.refs import ModelRef
+from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import UsageError
 
 ScheduleFile = Annotated[
-    Path, typer.Option("--schedule", help="The model schedule (YAML; see docs/schedule.md).")
+    Path,
+    typer.Option("--schedule", metavar="FILE", help="The model schedule (YAML; see docs/schedule.md)."),
 ]
 Pool = Annotated[
     str | None,
-    typer.Option("--pool", help="The node's pool (its accelerator.pool label) [env MODELSYNC_POOL]."),
+    typer.Option(
+        "--pool",
+        metavar="POOL",
+        help="The node's pool (its accelerator.pool label). [env var: MODELSYNC_POOL; default: none]",
+    ),
 ]
 
 
@@ -48,11 +54,6 @@ def _pool(flag: str | None) -> str:
     return pool
 
 
-def _rate(text: str | None) -> str | None:
-    """Rates are sizes per second: accept `500Mi/s` as well as `500Mi`."""
-    return None if text is None else text.strip().removesuffix("/s")
-
-
 def plan(
     schedule: ScheduleFile,
     pool: Pool = None,
@@ -60,17 +61,26 @@ def plan(
         str | None,
         typer.Option(
             "--at",
-            help="ISO 8601 instant [default now]; without an offset it is in the schedule's time zone.",
+            metavar="TIME",
+            help="ISO 8601 instant; without an offset it is in the schedule's time zone. [default: now]",
         ),
     ] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    json_output: Json = False,
     bandwidth: Annotated[
         str | None,
-        typer.Option("--bandwidth", help="Assumed download rate, e.g. 500Mi/s [default --max-bandwidth]."),
+        typer.Option(
+            "--bandwidth",
+            metavar="RATE",
+            help="Assumed download rate, e.g. 500Mi/s. [default: --max-bandwidth]",
+        ),
     ] = None,
     budget: Annotated[
         str | None,
-        typer.Option("--budget", help="Budget to plan with, e.g. 6T [default MODELSYNC_CACHE_MAX_BYTES]."),
+        typer.Option(
+            "--budget",
+            metavar="SIZE",
+            help="Budget to plan with, e.g. 6T. [env var: MODELSYNC_CACHE_MAX_BYTES; default: none]",
+        ),
     ] = None,
     offline: Annotated[
         bool, typer.Option("--offline", help="Do not ask S3 for the sizes of models not cached.")
@@ -91,7 +101,7 @@ def plan(
     from modelsync.adapters.schedule_file import read_schedule
     from modelsync.core.eviction import EntryState
     from modelsync.core.plan import parse_instant, plan_json, plan_node, render_plan
-    from modelsync.core.units import parse_size
+    from modelsync.core.units import parse_rate, parse_size
     from modelsync.engine.evict import budget_bytes
     from modelsync.engine.inventory import RemoteSizes, cache_entries, remote_sizes
 
@@ -100,20 +110,18 @@ def plan(
     if not loaded.for_pool(pool_name):
         known = sorted({p for m in loaded.models for p in m.pools})
         raise UsageError(
-            f"{schedule}:1: pools: unknown pool {pool_name!r}; the schedule names "
-            f"{', '.join(known) if known else 'no pools'}"
+            f"unknown pool {pool_name!r}: no model of {schedule} serves on it; its pools are "
+            f"{', '.join(known) if known else 'none'}"
         )
     now = parse_instant(at, loaded.timezone) if at else datetime.now(ZoneInfo(loaded.timezone))
-    settings = build_settings(
-        cache_dir, endpoint_url, region, config, None, None, _rate(max_bandwidth), insecure
-    )
+    settings = build_settings(cache_dir, endpoint_url, region, config, None, None, max_bandwidth, insecure)
     entries = cache_entries(Cache(settings.cache_dir))
     ready = {e.model for e in entries if e.state is EntryState.READY}
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
     sizes = RemoteSizes({}, {}) if offline else remote_sizes(settings, missing)
     for model_id, reason in sizes.unknown.items():
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
-    rate = parse_size(_rate(bandwidth) or "0") or settings.max_bandwidth_bytes_per_s
+    rate = parse_rate(bandwidth or "0") or settings.max_bandwidth_bytes_per_s
     limit = parse_size(budget) if budget else budget_bytes(settings)
     node_plan = plan_node(
         loaded, pool_name, now, entries, limit, float(rate) or None, sizes.known, settings.in_use_grace_s
@@ -128,16 +136,35 @@ def daemon(
     schedule: ScheduleFile,
     pool: Pool = None,
     listen: Annotated[
-        str, typer.Option("--listen", help="HOST:PORT for /metrics, /healthz and /readyz.")
+        str,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="Address for /metrics, /healthz and /readyz.",
+            show_default=True,
+        ),
     ] = "127.0.0.1:9477",
-    tick: Annotated[str, typer.Option("--tick", help="Time between reconciles, e.g. 30s.")] = "30s",
+    tick: Annotated[
+        str,
+        typer.Option("--tick", metavar="DURATION", help="Time between reconciles.", show_default=True),
+    ] = "30s",
     jitter: Annotated[
         str,
-        typer.Option("--jitter", help="Largest per-node delay before a scheduled prefetch starts; 0 = none."),
+        typer.Option(
+            "--jitter",
+            metavar="DURATION",
+            help="Largest per-node delay before a scheduled prefetch starts; 0 = none.",
+            show_default=True,
+        ),
     ] = "30s",
     refresh: Annotated[
         str,
-        typer.Option("--refresh", help="How often to check staged models for a changed source; 0 = never."),
+        typer.Option(
+            "--refresh",
+            metavar="DURATION",
+            help="How often to check staged models for a changed source; 0 = never.",
+            show_default=True,
+        ),
     ] = "15m",
     json_logs: Annotated[bool, typer.Option("--json-logs", help="Log one JSON object per line.")] = False,
     allow: Annotated[
@@ -169,7 +196,7 @@ def daemon(
         raise UsageError(f"invalid --tick {tick!r}; it must be longer than 0s")
     host, port = parse_listen(listen)
     settings = build_settings(
-        cache_dir, endpoint_url, region, config, concurrency, part_size, _rate(max_bandwidth), insecure
+        cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
     )
     loop = LoopConfig(
         pool=_pool(pool),
@@ -188,10 +215,15 @@ def daemon(
 def prefetch(
     models: Annotated[
         list[str],
-        typer.Argument(help="s3://bucket/prefix/, bucket/prefix, or a model name of --schedule."),
+        typer.Argument(
+            metavar="MODEL", help="s3://bucket/prefix/, bucket/prefix, or a model name of --schedule."
+        ),
     ],
     schedule: Annotated[
-        Path | None, typer.Option("--schedule", help="Resolve model names in this schedule.")
+        Path | None,
+        typer.Option(
+            "--schedule", metavar="FILE", help="Resolve model names in this schedule. [default: none]"
+        ),
     ] = None,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="Return once the daemon has queued them.")
@@ -211,7 +243,7 @@ def prefetch(
 
     refs = _resolve_models(models, schedule)
     settings = build_settings(
-        cache_dir, endpoint_url, region, config, concurrency, None, _rate(max_bandwidth), insecure
+        cache_dir, endpoint_url, region, config, concurrency, None, max_bandwidth, insecure
     )
     request = {"op": "prefetch", "models": [r.uri for r in refs], "wait": not no_wait}
     try:
@@ -240,11 +272,17 @@ def prefetch(
 
 def _resolve_models(models: list[str], schedule: Path | None) -> list[ModelRef]:
     """Each MODEL is a schedule name (with --schedule), an s3:// URI or `bucket/prefix`."""
-    from modelsync.core.refs import parse_model_name
+    if schedule is None:
+        return [parse_model_name(m) for m in models]
+    from modelsync.adapters.schedule_file import read_schedule
 
-    names: dict[str, ModelRef] = {}
-    if schedule is not None:
-        from modelsync.adapters.schedule_file import read_schedule
+    names = {m.name: m.source for m in read_schedule(schedule).models if m.name is not None}
+    return [names[m] if m in names else _uri_or_unknown_name(m, schedule, names) for m in models]
 
-        names = {m.name: m.source for m in read_schedule(schedule).models if m.name is not None}
-    return [names[m] if m in names else parse_model_name(m) for m in models]
+
+def _uri_or_unknown_name(text: str, schedule: Path, names: dict[str, ModelRef]) -> ModelRef:
+    """With --schedule, a word without a slash is a model name; one the schedule lacks is a typo."""
+    if text.startswith("s3://") or "/" in text:
+        return parse_model_name(text)
+    known = ", ".join(sorted(names)) or "none (give its models a name: field)"
+    raise UsageError(f"{schedule} has no model named {text!r}; its model names are {known}")

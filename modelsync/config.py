@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import ssl
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from modelsync.core.units import format_bytes, parse_duration, parse_size
-from modelsync.errors import CaBundleError, UsageError
+from modelsync.core.units import format_bytes, parse_duration, parse_rate, parse_size
+from modelsync.errors import CaBundleError, ConfigError, UsageError
 
 MiB = 1024 * 1024
 #: every part is one GET: below this a model takes thousands of requests for little data
@@ -63,7 +64,7 @@ class Settings:
     #: size of one ranged GET, bytes, between MIN_PART_BYTES and MAX_PART_BYTES; a resumed
     #: pull keeps the part size its journal was written with for the files it had started
     part_size_bytes: int = field(
-        default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE", "flag": "--part-size"}
+        default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE"}
     )
     #: cap on the pull's download rate, bytes per second; 0 means no cap
     max_bandwidth_bytes_per_s: int = field(default=0, metadata={"env": "MODELSYNC_MAX_BANDWIDTH"})
@@ -189,18 +190,30 @@ def _ca_bundle(text: str) -> str | None:
     return text or None
 
 
-#: checks of flag values, which arrive already typed
-_FLAG_CHECKS: dict[str, Callable[[Any], Any]] = {"part_size_bytes": _part_bytes}
+def _endpoint_url(text: str) -> str | None:
+    """An http(s) URL with a host; checked here so a missing scheme is one line, not an SDK traceback."""
+    text = text.strip()
+    if not text:
+        return None
+    if "://" not in text:
+        raise ValueError(f"{text!r} has no scheme; write http://{text} or https://{text}")
+    parts = urlsplit(text)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http:// or https:// URL with a host")
+    parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    return text
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "cache_dir": lambda t: Path(t).expanduser().absolute(),
-    "endpoint_url": _optional_str,
+    "endpoint_url": _endpoint_url,
     "region": str,
     "addressing_style": _addressing_style,
     "ca_bundle": _ca_bundle,
     "insecure": _parse_bool,
     "concurrency": _positive_int,
     "part_size_bytes": lambda t: _part_bytes(parse_size(t)),
-    "max_bandwidth_bytes_per_s": parse_size,
+    "max_bandwidth_bytes_per_s": parse_rate,
     "connect_timeout_s": _positive_float,
     "read_timeout_s": _positive_float,
     "part_attempts": _positive_int,
@@ -211,54 +224,71 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "in_use_grace_s": parse_duration,
 }
 
+#: what the commands that only read or manage the cache use: a bad value of any other
+#: setting (say MODELSYNC_MAX_BANDWIDTH) must not stop `ls` or `evict`
+CACHE_SETTINGS = frozenset({"cache_dir", "cache_budget", "high_watermark", "low_watermark", "in_use_grace_s"})
+#: what reaching S3 uses (publish needs these plus concurrency and part size)
+S3_SETTINGS = frozenset(
+    {
+        "endpoint_url",
+        "region",
+        "addressing_style",
+        "ca_bundle",
+        "insecure",
+        "connect_timeout_s",
+        "read_timeout_s",
+    }
+)
+
 
 def load_settings(
     flags: Mapping[str, object | None],
     env: Mapping[str, str],
     config_file: Path | None = None,
+    needed: Collection[str] | None = None,
 ) -> Settings:
     """Build Settings from flags, environment and an optional TOML file.
 
-    `flags` holds already-typed values (None means "not given"); environment
-    and file values are text and go through the field's parser. Every bad value
-    is a UsageError naming where it came from.
+    `flags` holds already-typed values (None means "not given"; `parse_setting`
+    types a flag's text); environment and file values are text and go through
+    the field's parser. Every bad value of a `needed` setting (default: all) is a
+    ConfigError naming where it came from; a bad value of a setting the command
+    does not use leaves that setting at its default.
     """
     file_values = _read_config_file(config_file) if config_file else {}
     unknown = set(file_values) - {f.name for f in fields(Settings)}
     if unknown:
-        raise UsageError(f"config file {config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
+        raise ConfigError(f"config file {config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
     for f in fields(Settings):
         if flags.get(f.name) is not None:
-            values[f.name] = _check_flag(f.name, flags[f.name], f.metadata.get("flag", f.name))
+            values[f.name] = flags[f.name]
             continue
         name = f.metadata["env"]
-        if name in env:
-            values[f.name] = _parse(f.name, env[name], f"environment variable {name}")
-        elif name == "AWS_REGION" and "AWS_DEFAULT_REGION" in env:
-            values[f.name] = env["AWS_DEFAULT_REGION"]
-        elif f.name in file_values:
-            values[f.name] = _parse(f.name, str(file_values[f.name]), f"config file {config_file}")
+        try:
+            if name in env:
+                values[f.name] = parse_setting(f.name, env[name], f"environment variable {name}")
+            elif name == "AWS_REGION" and "AWS_DEFAULT_REGION" in env:
+                values[f.name] = env["AWS_DEFAULT_REGION"]
+            elif f.name in file_values:
+                values[f.name] = parse_setting(f.name, str(file_values[f.name]), f"config file {config_file}")
+        except ConfigError:
+            if needed is None or f.name in needed:
+                raise
     low, high = values.get("low_watermark", 0.85), values.get("high_watermark", 0.95)
     if low > high:
-        raise UsageError(f"the low watermark ({low}) must not exceed the high watermark ({high})")
+        raise ConfigError(f"the low watermark ({low}) must not exceed the high watermark ({high})")
     if values.get("cache_dir") is not None:
         values["cache_dir"] = Path(values["cache_dir"]).expanduser().absolute()
     return Settings(**values)
 
 
-def _check_flag(name: str, value: object, flag: str) -> object:
-    try:
-        return _FLAG_CHECKS[name](value) if name in _FLAG_CHECKS else value
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-
-
-def _parse(name: str, text: str, origin: str) -> Any:
+def parse_setting(name: str, text: str, origin: str) -> Any:
+    """One setting's value from text; `origin` (a flag, a variable, a file) is named in the error."""
     try:
         return _PARSERS[name](text)
     except (ValueError, UsageError) as exc:
-        error = type(exc) if isinstance(exc, UsageError) else UsageError
+        error = type(exc) if isinstance(exc, ConfigError) else ConfigError  # CaBundleError keeps its code
         raise error(f"{origin}: bad value for {name}: {exc}") from None
 
 
@@ -267,9 +297,9 @@ def _read_config_file(path: Path) -> dict[str, object]:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise UsageError(f"config file {path} does not exist") from None
+        raise ConfigError(f"config file {path} does not exist") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"config file {path} cannot be read: {exc}") from None
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
     return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in data.items()}
 
 

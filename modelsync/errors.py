@@ -5,9 +5,12 @@ it as a single `error: ...` line and exits with its code. Anything else that
 escapes is a bug: the CLI lets it show its traceback and exits 1.
 
     ModelsyncError
-    ├── UsageError (2)              bad arguments, settings or config file
+    ├── UsageError (2)              bad arguments
+    │   ├── ConfigError             a bad setting, config file or AWS profile
+    │   │   └── CaBundleError       AWS_CA_BUNDLE holds no usable certificate
     │   └── ScheduleError           the schedule file is unreadable or invalid
-    ├── NotFoundError (3)           bucket, prefix, key or cached model does not exist
+    ├── NotFoundError (3)           bucket, prefix, key, cache or cached model does not exist
+    │   └── BucketNotFoundError     the bucket itself does not exist
     ├── AccessDeniedError (4)       credentials rejected or not allowed
     ├── IntegrityError (5)
     │   ├── ChecksumMismatchError   bytes do not match the recorded digest or ETag
@@ -55,7 +58,13 @@ class UsageError(ModelsyncError):
     code = "usage"
 
 
-class CaBundleError(UsageError):
+class ConfigError(UsageError):
+    """A setting that cannot work; its code tells a misconfigured node from a bug in the daemon's logs."""
+
+    code = "bad_config"
+
+
+class CaBundleError(ConfigError):
     """AWS_CA_BUNDLE names a file that holds no usable certificate: a configuration problem."""
 
     code = "bad_ca_bundle"
@@ -70,6 +79,10 @@ class ScheduleError(UsageError):
 class NotFoundError(ModelsyncError):
     exit_code = ExitCode.NOT_FOUND
     code = "not_found"
+
+
+class BucketNotFoundError(NotFoundError):
+    code = "no_such_bucket"
 
 
 class AccessDeniedError(ModelsyncError):

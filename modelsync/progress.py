@@ -2,27 +2,70 @@
 
 stdout is reserved for the ready path, so `MODEL_DIR=$(modelsync pull ...)`
 captures exactly one line whatever is reported here.
+
+On a terminal the bar is redrawn in place (`\\r` + erase line), which only works
+while it stays on one row: the line is fitted to the terminal's width (the bar
+shrinks, then the model name loses its middle), never wrapped. Elsewhere (an
+init container's log) a line every PLAIN_INTERVAL_S and a final line with the
+total, the time and the rate, so a log never ends at "84.4%".
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from typing import TextIO
 
-from modelsync.core.units import format_bytes
+from modelsync.core.units import format_bytes, format_duration
+from modelsync.engine.events import status
 
 PLAIN_INTERVAL_S = 5.0
 BAR_INTERVAL_S = 0.2
 _BAR_CELLS = 30
+_MIN_BAR_CELLS = 10
+#: the shortest the label is cut to before the bar is dropped
+_MIN_LABEL = 16
+_ELLIPSIS = "..."
+
+
+def took(elapsed_s: float) -> str:
+    """A duration for a final line: tenths below a minute, else `1h30m`."""
+    return f"{elapsed_s:.1f}s" if elapsed_s < 60 else format_duration(elapsed_s)
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """`text` in at most `width` columns, its middle replaced by `...`: both ends of a model id matter."""
+    if len(text) <= width:
+        return text
+    if width <= len(_ELLIPSIS):
+        return text[:width]
+    keep = width - len(_ELLIPSIS)
+    head = (keep + 1) // 2
+    return text[:head] + _ELLIPSIS + text[len(text) - (keep - head) :]
+
+
+def bar_line(label: str, fraction: float, text: str, width: int) -> str:
+    """`label [####----] text` in fewer than `width` columns: on some terminals the last one wraps."""
+    room = width - 1 - len(text) - 1  # the space before the status
+    if room - _MIN_LABEL - 3 >= _MIN_BAR_CELLS:  # " [" and "]" around the bar
+        cells = min(_BAR_CELLS, max(_MIN_BAR_CELLS, room - len(label) - 3))
+        filled = int(cells * min(max(fraction, 0.0), 1.0))
+        label = shorten_middle(label, room - cells - 3)
+        return f"{label} [{'#' * filled}{'-' * (cells - filled)}] {text}"
+    line = f"{shorten_middle(label, max(room, _MIN_LABEL))} {text}"
+    return line[: max(width - 1, 1)]
 
 
 class StderrProgress:
     """Renders PullEvents; a daemon thread redraws so transfer threads never block on output."""
 
-    def __init__(self, label: str, stream: TextIO | None = None, quiet: bool = False) -> None:
+    def __init__(
+        self, label: str, stream: TextIO | None = None, quiet: bool = False, verb: str = "fetch"
+    ) -> None:
         self.label = label
+        self.verb = verb
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.tty = self.stream.isatty()
@@ -43,8 +86,9 @@ class StderrProgress:
             self._started = time.monotonic()
         reused = total_bytes - missing_bytes
         note = f", {format_bytes(reused)} already staged" if reused else ""
-        self._say(f"{self.label}: {files} files, {format_bytes(missing_bytes)} to fetch{note}")
-        if not self.quiet and self._thread is None:
+        noun = "file" if files == 1 else "files"
+        self._say(f"{self.label}: {files} {noun}, {format_bytes(missing_bytes)} to {self.verb}{note}")
+        if not self.quiet and self._thread is None and missing_bytes:
             self._thread = threading.Thread(target=self._render_loop, daemon=True)
             self._thread.start()
 
@@ -60,11 +104,19 @@ class StderrProgress:
         print(("\r\x1b[K" if self.tty else "") + f"note: {message}", file=self.stream, flush=True)
 
     def close(self) -> None:
+        """Stop redrawing and leave one final line: the bar at its end, or the totals, time and rate."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            if self.tty:
-                self._render(final=True)
+        if self._thread is None:
+            return
+        self._thread.join()
+        self._thread = None
+        with self._lock:
+            done, missing = self._done, self._missing
+            elapsed_s = time.monotonic() - self._started
+        if self.tty:
+            self._render(final=True)
+        else:
+            print(f"{self.label}: {status(done, missing, elapsed_s)} in {took(elapsed_s)}", file=self.stream)
 
     def _say(self, line: str) -> None:
         if not self.quiet:
@@ -78,14 +130,18 @@ class StderrProgress:
     def _render(self, final: bool) -> None:
         with self._lock:
             done, missing = self._done, self._missing
-            elapsed = max(time.monotonic() - self._started, 1e-6)
-        rate = done / elapsed
-        pct = 100.0 * done / missing if missing else 100.0
-        status = f"{format_bytes(done)}/{format_bytes(missing)} {pct:5.1f}% {format_bytes(int(rate))}/s"
+            elapsed_s = time.monotonic() - self._started
+        text = status(done, missing, elapsed_s)
         if self.tty:
-            filled = int(_BAR_CELLS * min(pct, 100.0) / 100)
-            bar = "#" * filled + "-" * (_BAR_CELLS - filled)
-            end = "\n" if final else ""
-            print(f"\r\x1b[K{self.label} [{bar}] {status}", end=end, file=self.stream, flush=True)
+            fraction = done / missing if missing else 1.0
+            line = bar_line(self.label, fraction, text, self._columns())
+            print(f"\r\x1b[K{line}", end="\n" if final else "", file=self.stream, flush=True)
         else:
-            print(f"{self.label}: {status}", file=self.stream, flush=True)
+            print(f"{self.label}: {text}", file=self.stream, flush=True)
+
+    def _columns(self) -> int:
+        """The terminal's width now (it may have been resized); 80 when it cannot be told."""
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns or 80
+        except (OSError, ValueError):
+            return 80

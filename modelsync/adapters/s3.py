@@ -10,6 +10,7 @@ boundary, and no message ever includes a credential.
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from botocore.exceptions import (
     ClientError,
     NoCredentialsError,
     PartialCredentialsError,
+    ProfileNotFound,
     SSLError,
 )
 from botocore.exceptions import (
@@ -32,6 +34,8 @@ from modelsync.config import Settings
 from modelsync.core.refs import ModelRef
 from modelsync.errors import (
     AccessDeniedError,
+    BucketNotFoundError,
+    ConfigError,
     ModelsyncError,
     NotFoundError,
     ObjectChangedError,
@@ -51,6 +55,13 @@ _DENIED = {
     "InvalidToken",
     "AllAccessDisabled",
     "AccountProblem",
+}
+#: OpenSSL's reasons when the other side answered the TLS hello in plain text (an http:// server)
+_PLAIN_TEXT_REPLIES = {
+    "WRONG_VERSION_NUMBER",
+    "RECORD_LAYER_FAILURE",
+    "PACKET_LENGTH_TOO_LONG",
+    "UNKNOWN_PROTOCOL",
 }
 
 
@@ -79,6 +90,11 @@ def s3_errors(what: str, bucket: str) -> Iterator[None]:
             "AWS_PROFILE or AWS_WEB_IDENTITY_TOKEN_FILE"
         ) from None
     except SSLError as exc:
+        if _plain_text_reply(exc):
+            raise ConfigError(
+                f"the endpoint speaks plain HTTP, not TLS ({what}); write its URL with http:// "
+                "in --endpoint-url or AWS_ENDPOINT_URL"
+            ) from None
         raise UsageError(
             f"TLS verification failed for {what} ({_first_line(exc)}); "
             "set AWS_CA_BUNDLE to the endpoint's CA, or --insecure to skip the check"
@@ -92,6 +108,13 @@ def s3_errors(what: str, bucket: str) -> Iterator[None]:
         raise RemoteUnavailableError(f"S3 request failed for {what}: {_first_line(exc)}") from None
 
 
+def _plain_text_reply(exc: SSLError) -> bool:
+    """The TLS handshake failed because the server answered in plain text, not on trust."""
+    cause = exc.kwargs.get("error")
+    os_error = getattr(cause, "os_error", cause)
+    return isinstance(os_error, ssl.SSLError) and os_error.reason in _PLAIN_TEXT_REPLIES
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0][:300]
 
@@ -101,7 +124,7 @@ def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
     code = str(err.get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     if code == "NoSuchBucket":
-        return NotFoundError(f"bucket {bucket!r} does not exist ({what}); check the source URI")
+        return BucketNotFoundError(f"bucket {bucket!r} does not exist ({what}); check the source URI")
     if code in {"NoSuchKey", "404", "NotFound"} or status == 404:
         return NotFoundError(f"not found: {what}; check the source URI")
     if code in _DENIED or status == 403:
@@ -131,9 +154,9 @@ class S3:
                 async with resp["Body"] as body:
                     data: bytes = await body.read()
                     return data
-        except NotFoundError as exc:
-            if "bucket" in str(exc):
-                raise
+        except BucketNotFoundError:
+            raise
+        except NotFoundError:
             return None
 
     async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
@@ -145,8 +168,36 @@ class S3:
                 for item in page.get("Contents", ()):
                     objects.append(ObjectInfo(item["Key"], int(item["Size"]), _strip(item["ETag"])))
         if not objects:
+            await self._refuse_object_as_prefix(ref)
             raise NotFoundError(f"no objects under {ref.uri}; check the prefix")
         return objects
+
+    async def _refuse_object_as_prefix(self, ref: ModelRef) -> None:
+        """A source naming one object (say its .safetensors) instead of the model's prefix."""
+        key = ref.prefix.rstrip("/")
+        try:
+            await self.head(ref.bucket, key)
+        except ModelsyncError:
+            return
+        parent = key.rpartition("/")[0]
+        hint = f", s3://{ref.bucket}/{parent}/" if parent else ""
+        raise UsageError(
+            f"s3://{ref.bucket}/{key} is an object, not a model prefix; give the model's prefix{hint}"
+        )
+
+    async def require_bucket(self, bucket: str) -> None:
+        """Fail before any upload when the destination bucket is missing: publish never creates one."""
+        with s3_errors(f"checking bucket {bucket}", bucket):
+            try:
+                await self._client.head_bucket(Bucket=bucket)
+                return
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 404:
+                    raise
+        raise BucketNotFoundError(
+            f"bucket {bucket!r} does not exist; publish needs an existing bucket: create it first "
+            f"(e.g. `aws s3 mb s3://{bucket}`)"
+        )
 
     async def head(self, bucket: str, key: str) -> ObjectInfo:
         with s3_errors(f"reading s3://{bucket}/{key}", bucket):
@@ -223,6 +274,14 @@ def client_config(settings: Settings) -> AioConfig:
 async def open_s3(settings: Settings) -> AsyncIterator[S3]:
     """An S3 client configured from Settings; TLS follows ca_bundle or the insecure switch."""
     session = get_session()
+    try:
+        session.get_scoped_config()  # reads the shared config files: a missing profile fails here
+    except ProfileNotFound as exc:
+        known = ", ".join(session.available_profiles) or "none are defined"
+        raise ConfigError(
+            f"AWS profile {exc.kwargs.get('profile')!r} (AWS_PROFILE) is not in the AWS config or "
+            f"credentials files (profiles there: {known}); fix AWS_PROFILE or unset it"
+        ) from None
     verify: bool | str | None = False if settings.insecure else settings.ca_bundle
     async with session.create_client(
         "s3",

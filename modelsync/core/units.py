@@ -5,7 +5,8 @@ Sizes follow the Kubernetes quantity convention, because the people writing
 is a power of 1000 (`500G` = 500 * 10**9) and an `i` makes it a power of 1024
 (`512Mi` = 512 * 2**20). A trailing `B` is accepted and changes nothing, so
 `500GB` = `500G` and `1.5TiB` = `1.5Ti`; `K` is read as `k`. A plain integer is
-bytes. Fractions of a byte are rounded down.
+bytes. Fractions of a byte are rounded down. A rate is a size per second and may
+say so: `500Mi/s` = `500Mi`.
 
 Durations are one or more `<number><unit>` parts with units `d`, `h`, `m`, `s`,
 largest first, each at most once: `30s`, `10m`, `1h30m`, `1.5h`, `7d`. A bare `0`
@@ -24,7 +25,7 @@ from decimal import Decimal, InvalidOperation
 
 from modelsync.errors import UsageError
 
-__all__ = ["format_bytes", "format_duration", "parse_duration", "parse_size"]
+__all__ = ["format_bytes", "format_duration", "parse_duration", "parse_rate", "parse_size"]
 
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([kKMGTPE]i?)?B?$")
 _SIZE_FACTORS: dict[str, int] = {
@@ -65,6 +66,14 @@ def parse_size(text: str) -> int:
     if unit[:1] == "K":
         unit = "k" + unit[1:]
     return int(Decimal(number) * _SIZE_FACTORS[unit])
+
+
+def parse_rate(text: str) -> int:
+    """A rate in bytes per second: a size, optionally written per second (`500Mi/s` = `500Mi`)."""
+    try:
+        return parse_size(text.strip().removesuffix("/s"))
+    except UsageError:
+        raise UsageError(f"invalid rate {text!r}; use a size per second, e.g. 500Mi/s, 1G/s or 0") from None
 
 
 def parse_duration(text: str) -> float:

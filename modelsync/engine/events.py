@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from modelsync.core.units import format_bytes
+
 
 class PullEvents(Protocol):
     def waiting(self, holder: str) -> None:
@@ -56,3 +58,10 @@ class NoEvents:
 
     def note(self, message: str) -> None:
         pass
+
+
+def status(done_bytes: int, total_bytes: int, elapsed_s: float) -> str:
+    """`1.2 GiB/4.0 GiB  30.0% 120.5 MiB/s`: how far a transfer is and how fast it goes."""
+    rate = done_bytes / max(elapsed_s, 1e-6)
+    pct = 100.0 * done_bytes / total_bytes if total_bytes else 100.0
+    return f"{format_bytes(done_bytes)}/{format_bytes(total_bytes)} {pct:5.1f}% {format_bytes(int(rate))}/s"

@@ -20,6 +20,7 @@ from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.parts import Part, plan_parts
 from modelsync.core.refs import ModelRef
+from modelsync.engine.events import NoEvents, PullEvents
 from modelsync.engine.tasks import first_error
 from modelsync.errors import UsageError
 
@@ -56,16 +57,23 @@ def local_files(directory: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-async def publish(settings: Settings, directory: Path, ref: ModelRef) -> PublishResult:
+async def publish(
+    settings: Settings, directory: Path, ref: ModelRef, events: PullEvents | None = None
+) -> PublishResult:
+    """Upload `directory` to `ref`; `events` hears the plan and every byte sent, as a pull's would."""
     files = local_files(directory)
     window = asyncio.Semaphore(settings.concurrency)
     file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
+    events = events or NoEvents()
 
     async def upload(rel: str, path: Path) -> FileEntry:
         async with file_slots:
-            return await _upload_file(s3, settings, window, ref, rel, path)
+            return await _upload_file(s3, settings, window, ref, rel, path, events)
 
     async with open_s3(settings) as s3:
+        await s3.require_bucket(ref.bucket)
+        total_bytes = sum(path.stat().st_size for _, path in files)
+        events.planned(len(files), total_bytes, total_bytes)
         with first_error():
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(upload(rel, path)) for rel, path in files]
@@ -75,7 +83,13 @@ async def publish(settings: Settings, directory: Path, ref: ModelRef) -> Publish
 
 
 async def _upload_file(
-    s3: S3, settings: Settings, window: asyncio.Semaphore, ref: ModelRef, rel: str, path: Path
+    s3: S3,
+    settings: Settings,
+    window: asyncio.Semaphore,
+    ref: ModelRef,
+    rel: str,
+    path: Path,
+    events: PullEvents,
 ) -> FileEntry:
     key = ref.prefix + rel
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -87,22 +101,31 @@ async def _upload_file(
             async with window:
                 data = await asyncio.to_thread(os.pread, fd, size, 0)
                 etag = await s3.put_bytes(ref.bucket, key, data)
+            events.fetched(size)
         else:
-            etag = await _multipart(s3, window, ref.bucket, key, fd, parts)
+            etag = await _multipart(s3, window, ref.bucket, key, fd, parts, events)
     finally:
         os.close(fd)
     return FileEntry(path=rel, size=size, xxh3_128=digest.xxh3_128, etag=etag)
 
 
 async def _multipart(
-    s3: S3, window: asyncio.Semaphore, bucket: str, key: str, fd: int, parts: tuple[Part, ...]
+    s3: S3,
+    window: asyncio.Semaphore,
+    bucket: str,
+    key: str,
+    fd: int,
+    parts: tuple[Part, ...],
+    events: PullEvents,
 ) -> str:
     upload_id = await s3.start_multipart(bucket, key)
 
     async def send(part: Part) -> str:
         async with window:
             data = await asyncio.to_thread(os.pread, fd, part.size_bytes, part.start)
-            return await s3.upload_part(bucket, key, upload_id, part.index + 1, data)
+            etag = await s3.upload_part(bucket, key, upload_id, part.index + 1, data)
+        events.fetched(part.size_bytes)
+        return etag
 
     try:
         with first_error():

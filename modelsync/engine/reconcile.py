@@ -59,7 +59,8 @@ from modelsync.core.eviction import CacheEntry
 from modelsync.core.plan import NodePlan, plan_node, protection_reasons, start_jitter_s
 from modelsync.core.refs import ModelRef
 from modelsync.core.schedule import Schedule
-from modelsync.engine.events import PullEvents
+from modelsync.core.units import format_bytes
+from modelsync.engine.events import PullEvents, status
 from modelsync.engine.evict import budget_bytes
 from modelsync.engine.inventory import RemoteSizes
 from modelsync.engine.pull import PullCancelledError, PullResult
@@ -71,6 +72,8 @@ _T = TypeVar("_T")
 
 #: the longest a failed model waits before its next attempt
 MAX_RETRY_S = 300.0
+#: seconds between progress lines of a daemon pull in the log
+PROGRESS_LOG_S = 30.0
 #: how long before asking S3 again for a size it could not tell
 SIZE_RETRY_S = 300.0
 
@@ -123,11 +126,23 @@ class _Retry:
 
 
 class _Events:
-    """PullEvents of a daemon pull: bytes go to the metrics, waits to the log."""
+    """PullEvents of a daemon pull: bytes go to the metrics, waits and progress to the log.
 
-    def __init__(self, metrics: DaemonMetrics, label: str) -> None:
+    Progress is logged at most every PROGRESS_LOG_S, from the worker thread that
+    reports bytes, so a pull of hours shows how far it is between "pulling" and "ready".
+    """
+
+    def __init__(
+        self, metrics: DaemonMetrics, label: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._metrics = metrics
         self._label = label
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._missing = 0
+        self._done = 0
+        self._started = clock()
+        self._next_log = math.inf
 
     def waiting(self, holder: str) -> None:
         log.info("waiting for %s, which is pulling %s", holder, self._label, extra={"model": self._label})
@@ -135,16 +150,34 @@ class _Events:
     def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
         if not missing_bytes:
             return  # a refresh check that found nothing to fetch
+        with self._lock:
+            self._missing, self._done = missing_bytes, 0
+            self._started = self._clock()
+            self._next_log = self._started + PROGRESS_LOG_S
         log.info(
-            "pulling %s: %d files, %d bytes to fetch",
+            "pulling %s: %d %s, %s to fetch",
             self._label,
             files,
-            missing_bytes,
+            "file" if files == 1 else "files",
+            format_bytes(missing_bytes),
             extra={"model": self._label, "total_bytes": total_bytes, "missing_bytes": missing_bytes},
         )
 
     def fetched(self, n_bytes: int) -> None:
         self._metrics.fetched(n_bytes)
+        with self._lock:
+            self._done += n_bytes
+            now = self._clock()
+            if now < self._next_log:
+                return
+            self._next_log = now + PROGRESS_LOG_S
+            done, missing, elapsed_s = self._done, self._missing, now - self._started
+        log.info(
+            "pulling %s: %s",
+            self._label,
+            status(done, missing, elapsed_s),
+            extra={"model": self._label, "fetched_bytes": done, "missing_bytes": missing},
+        )
 
     def verifying(self, path: str) -> None:
         pass

@@ -4,6 +4,10 @@ Starts moto in server mode on a free loopback port, generates a small
 safetensors-shaped model, publishes it, pulls it cold into a temporary cache,
 pulls it again warm (in a fresh process, as an init container would), and
 prints what happened with timings.
+
+Without `--keep` everything is deleted at the end, and the last line says so;
+with it, the ready path is printed last on stdout (like `modelsync pull`) and
+stays, with the cache, for trying the operator commands on.
 """
 
 from __future__ import annotations
@@ -147,13 +151,15 @@ def run_demo(keep: bool) -> None:
             f"ready path {warm.stdout.strip().splitlines()[-1]}"
         )
         say(f"files in the ready path: {', '.join(sorted(os.listdir(cold.path)))}")
-        print(cold.path)
     finally:
         server.stop()
-        if keep:
-            say(f"kept {work}")
-        else:
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)
+    if keep:
+        say(f"kept the model and the cache in {work}; try: modelsync ls --cache-dir {settings.cache_dir}")
+        print(cold.path)
+    else:
+        say(f"removed {work} (run `modelsync demo --keep` to keep the cache and try the operator commands)")
 
 
 async def _create_bucket(settings: Settings, bucket: str) -> None:

@@ -1,9 +1,10 @@
-"""The command-line contract of `modelsync pull`, checked on the real CLI in a child process.
+"""The command-line contract, checked on the real CLI in a child process.
 
-Each user error prints exactly one line on stderr, starting `error: `, exits with
-the documented code (modelsync.errors.ExitCode) and never shows a traceback or a
-secret. On success the last line of stdout is the absolute ready path, and a warm
-pull needs neither the network nor the S3 stack.
+Each user mistake in MISTAKES prints exactly one line on stderr, starting `error: `,
+exits with the documented code (modelsync.errors.ExitCode), never shows a traceback
+or a secret, and leaves nothing behind in the cache (a command refused before it
+starts does not even create one). On success the last line of stdout of `pull` is
+the absolute ready path, and a warm pull needs neither the network nor the S3 stack.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from botocore.client import BaseClient
@@ -24,6 +27,7 @@ from support.faultproxy import FaultProxy
 from support.motoserver import SubprocessMoto
 from support.s3env import S3Env
 
+from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
 from modelsync.core.units import format_bytes
 from modelsync.errors import ExitCode
@@ -57,17 +61,24 @@ NO_SPACE = (
 def run_cli(
     args: list[str], env: dict[str, str], code: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    prefix = [sys.executable, "-c", code, "pull"] if code else [sys.executable, "-m", "modelsync", "pull"]
+    """`modelsync ARGS...` (the command first), like the console script."""
+    prefix = [sys.executable, "-c", code] if code else [sys.executable, "-m", "modelsync"]
     return subprocess.run([*prefix, *args], env=env, capture_output=True, text=True, timeout=90)
 
 
-def assert_user_error(done: subprocess.CompletedProcess[str], code: ExitCode, *mentions: str) -> str:
-    """Exactly one `error: ` line on stderr, the documented code, no traceback."""
+def assert_user_error(
+    done: subprocess.CompletedProcess[str], code: ExitCode, *mentions: str, stdout: bool = False
+) -> str:
+    """Exactly one `error: ` line on stderr, the documented code, no traceback.
+
+    stdout stays empty unless the command prints a partial result before refusing (`stdout`).
+    """
     lines = done.stderr.splitlines()
     assert done.returncode == int(code), done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert "Traceback" not in done.stderr + done.stdout
-    assert done.stdout == ""
+    if not stdout:
+        assert done.stdout == ""
     for text in mentions:
         assert text in lines[0]
     return lines[0]
@@ -84,12 +95,27 @@ def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
-def assert_nothing_published(tmp_path: Path, cache: Path) -> None:
-    """No ready model, and nothing written anywhere but the cache's state dir."""
-    for path in tmp_path.rglob("*"):
-        assert path.is_relative_to(cache), f"{path} written outside the cache"
-        if path != cache:
-            assert path.is_relative_to(cache / ".modelsync"), f"{path} published after a failure"
+#: what a failed command may leave in a cache: the empty layout, the index and lock files
+_LAYOUT_OK = {"layout", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "locks"}
+
+
+def left_behind(cache: Path, known: tuple[str, ...] = ()) -> list[str]:
+    """Everything a failed command left in the cache beyond its empty layout: models, staging, markers.
+
+    `known` names state subdirectories whose leftovers are known and removed by the cache
+    half of issue 11 (foreground markers, the staging of a refused pull); their allowance goes
+    once that lands.
+    """
+    if not cache.exists():
+        return []
+    found = []
+    for path in sorted(cache.rglob("*")):
+        relative = path.relative_to(cache)
+        if relative.parts[0] != ".modelsync":
+            found.append(str(relative))  # a ready model, or anything else outside the state dir
+        elif len(relative.parts) > 2 and relative.parts[1] not in {*_LAYOUT_OK, *known}:
+            found.append(str(relative))  # staging, a journal, a record, a marker, a reservation...
+    return found
 
 
 # ---- success and warm pulls --------------------------------------------------------------
@@ -101,7 +127,7 @@ def test_cli_pull_prints_the_ready_path_last_and_a_warm_pull_needs_no_network_no
     data = os.urandom(2 * MiB + 3)
     s3_client.put_object(Bucket=bucket, Key=PREFIX + "weights.bin", Body=data)
     s3_client.put_object(Bucket=bucket, Key=PREFIX + "config.json", Body=b"{}")
-    args = [f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "--part-size", "1Mi"]
+    args = ["pull", f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "--part-size", "1Mi"]
 
     cold = run_cli(args, s3_env.subprocess_env())
 
@@ -123,91 +149,431 @@ def test_cli_pull_prints_the_ready_path_last_and_a_warm_pull_needs_no_network_no
     assert warm_s < 10  # interpreter start included; the pull itself does no I/O
 
 
-# ---- user errors -------------------------------------------------------------------------
+# ---- the table of user mistakes -----------------------------------------------------------
+
+SCHEDULE = """\
+version: 1
+timezone: UTC
+models:
+  - name: deepseek-v3
+    source: s3://models/deepseek-ai/DeepSeek-V3/2025-03-24/
+    pools: [b300-serving]
+    windows: [always]
+  - name: qwen3
+    source: s3://models/Qwen/Qwen3-32B/2025-05-01/
+    pools: [b300-serving, h200-batch]
+    windows: [always]
+"""
 
 
-def test_cli_pull_of_a_missing_bucket_exits_3_naming_the_bucket(
-    tmp_path: Path, cache: Path, s3_env: S3Env
-) -> None:
-    done = run_cli(
-        ["s3://no-such-bucket-cli/org/m/", "--cache-dir", str(cache), "-q"], s3_env.subprocess_env()
-    )
-    assert_user_error(done, ExitCode.NOT_FOUND, "no-such-bucket-cli")
-    assert_nothing_published(tmp_path, cache)
+@dataclass(frozen=True)
+class World:
+    """What a row may refer to: its placeholders, and the S3 state to arrange."""
+
+    tmp_path: Path
+    cache: Path
+    client: BaseClient | None
+    bucket: str
+    fault_proxy: FaultProxy | None
+
+    def placeholders(self, endpoint: str) -> dict[str, str]:
+        regular = self.tmp_path / "a-file"
+        regular.write_text("not a directory")
+        schedule = self.tmp_path / "schedule.yaml"
+        schedule.write_text(SCHEDULE)
+        model_dir = self.tmp_path / "model"
+        model_dir.mkdir(exist_ok=True)
+        (model_dir / "config.json").write_text("{}")
+        return {
+            "cache": str(self.cache),
+            "bucket": self.bucket,
+            "file": str(regular),
+            "schedule": str(schedule),
+            "dir": str(model_dir),
+            "typo": str(self.tmp_path / "typo"),
+            "tls": endpoint.replace("http://", "https://"),
+        }
 
 
-def test_cli_pull_of_an_empty_prefix_exits_3_naming_the_prefix(
-    tmp_path: Path, cache: Path, s3_env: S3Env, bucket: str
-) -> None:
-    done = run_cli([f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], s3_env.subprocess_env())
-    assert_user_error(done, ExitCode.NOT_FOUND, f"s3://{bucket}/{PREFIX}")
-    assert_nothing_published(tmp_path, cache)
+def _objects(*names: str) -> Callable[[World], None]:
+    def arrange(world: World) -> None:
+        assert world.client is not None
+        for name in names:
+            world.client.put_object(Bucket=world.bucket, Key=PREFIX + name, Body=b"w" * 1000)
+
+    return arrange
 
 
-@pytest.mark.parametrize(
-    "source", ["s3://models/", "s3://models", "https://models/org/m/", "s3://Bad_Bucket/m/"]
-)
-def test_cli_pull_of_a_source_that_names_no_model_exits_2(tmp_path: Path, cache: Path, source: str) -> None:
-    env = S3Env(f"http://127.0.0.1:{closed_port()}").subprocess_env()
-    done = run_cli([source, "--cache-dir", str(cache), "-q"], env)
-    assert_user_error(done, ExitCode.USAGE, repr(source))
-    assert not cache.exists()
-
-
-def test_cli_pull_with_a_bad_setting_exits_2(tmp_path: Path, cache: Path) -> None:
-    env = {**S3Env("http://127.0.0.1:9").subprocess_env(), "MODELSYNC_CONCURRENCY": "lots"}
-    done = run_cli(["s3://models/org/m/", "--cache-dir", str(cache), "-q"], env)
-    assert_user_error(done, ExitCode.USAGE, "MODELSYNC_CONCURRENCY")
-
-
-def test_cli_pull_of_an_unsafe_key_exits_5_before_any_byte(
-    tmp_path: Path, cache: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
-) -> None:
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "ok.bin", Body=b"fine")
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "../../escape.bin", Body=b"evil")
-    done = run_cli([f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], s3_env.subprocess_env())
-    assert_user_error(done, ExitCode.INTEGRITY, "../../escape.bin")
-    assert_nothing_published(tmp_path, cache)
-
-
-def test_cli_pull_with_a_malformed_manifest_exits_5_with_the_reason(
-    tmp_path: Path, cache: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
-) -> None:
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "a.bin", Body=b"data")
+def _bad_manifest(world: World) -> None:
+    assert world.client is not None
+    _objects("a.bin")(world)
     doc = {"format": "modelsync-manifest", "version": 7, "files": []}
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "modelsync.manifest.json", Body=json.dumps(doc).encode())
-    done = run_cli([f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], s3_env.subprocess_env())
-    assert_user_error(done, ExitCode.INTEGRITY, "malformed manifest", "unsupported version 7")
-    assert_nothing_published(tmp_path, cache)
-
-
-def test_cli_pull_of_bytes_corrupt_on_every_fetch_exits_5(
-    tmp_path: Path,
-    cache: Path,
-    proxied_s3_env: S3Env,
-    fault_proxy: FaultProxy,
-    s3_client: BaseClient,
-    bucket: str,
-) -> None:
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "weights.bin", Body=os.urandom(MiB + 1))
-    fault_proxy.add_fault("bitflip", match="weights.bin", arg=10, times=100)
-    done = run_cli(
-        [f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "--part-size", "1Mi", "-q"],
-        proxied_s3_env.subprocess_env(),
+    world.client.put_object(
+        Bucket=world.bucket, Key=PREFIX + "modelsync.manifest.json", Body=json.dumps(doc).encode()
     )
-    assert_user_error(done, ExitCode.INTEGRITY, "checksum mismatch", "weights.bin")
-    assert_nothing_published(tmp_path, cache)
 
 
-def test_cli_pull_when_the_disk_is_full_exits_6_with_bytes_needed_and_free(
-    tmp_path: Path, cache: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
+def _faulty(kind: str) -> Callable[[World], None]:
+    def arrange(world: World) -> None:
+        assert world.client is not None and world.fault_proxy is not None
+        world.client.put_object(Bucket=world.bucket, Key=PREFIX + "weights.bin", Body=os.urandom(MiB + 1))
+        world.fault_proxy.add_fault(kind, match="weights.bin", arg=10, times=100)
+
+    return arrange
+
+
+def _empty_cache(world: World) -> None:
+    Cache(world.cache).ensure()
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One user mistake: the command line (with placeholders), what it must answer, and its setting."""
+
+    id: str
+    argv: tuple[str, ...]
+    code: ExitCode
+    mentions: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    arrange: Callable[[World], None] | None = None
+    #: where S3 is: nowhere (the mistake is caught before any request), a closed port the
+    #: command tries, moto, moto behind the fault proxy, or a moto that checks signatures
+    #: (with wrong credentials)
+    s3: Literal["none", "dead", "moto", "proxy", "auth"] = "none"
+    #: Python run instead of `-m modelsync` (a full disk)
+    python: str | None = None
+    #: the command prints a partial result on stdout before refusing
+    stdout: bool = False
+    #: see left_behind
+    known_leftovers: tuple[str, ...] = ()
+
+
+PULL = ("pull", "s3://models/org/m/", "--cache-dir", "{cache}", "-q")
+SRC = f"s3://{{bucket}}/{PREFIX}"
+USAGE, NOT_FOUND, DENIED = ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.ACCESS_DENIED
+INTEGRITY, STORAGE, REMOTE = ExitCode.INTEGRITY, ExitCode.LOCAL_STORAGE, ExitCode.REMOTE_UNAVAILABLE
+#: a pull's foreground marker, and a failed transfer's staging (see left_behind)
+MARKERS, MARKERS_AND_STAGING = ("foreground",), ("foreground", "staging")
+
+MISTAKES = [
+    # -- the parser's own mistakes
+    Mistake("pull-without-source", ("pull",), USAGE, ("Missing argument 'SOURCE'", "modelsync pull --help")),
+    Mistake("unknown-option", (*PULL, "--bogus"), USAGE, ("No such option: --bogus",)),
+    Mistake("unknown-command", ("pul", "s3://models/org/m/"), USAGE, ("No such command 'pul'",)),
+    Mistake("concurrency-zero", (*PULL, "--concurrency", "0"), USAGE, ("--concurrency",)),
+    Mistake("concurrency-not-a-number", (*PULL, "--concurrency", "lots"), USAGE, ("--concurrency",)),
+    # -- sources
+    Mistake("whole-bucket", ("pull", "s3://models/", "--cache-dir", "{cache}"), USAGE, ("whole bucket",)),
+    Mistake(
+        "bucket-without-slash", ("pull", "s3://models", "--cache-dir", "{cache}"), USAGE, ("whole bucket",)
+    ),
+    Mistake(
+        "not-s3", ("pull", "https://models/org/m/", "--cache-dir", "{cache}"), USAGE, ("not an s3:// URI",)
+    ),
+    Mistake(
+        "bad-bucket-name", ("pull", "s3://Bad_Bucket/m/", "--cache-dir", "{cache}"), USAGE, ("bucket name",)
+    ),
+    Mistake(
+        "unsafe-prefix", ("pull", "s3://models/a/../../etc/", "--cache-dir", "{cache}"), USAGE, ("unsafe",)
+    ),
+    # -- settings, from flags, variables and files
+    Mistake("part-size-zero", (*PULL, "--part-size", "0"), USAGE, ("--part-size", "'0'")),
+    Mistake("part-size-not-a-size", (*PULL, "--part-size", "big"), USAGE, ("--part-size", "'big'")),
+    Mistake("bandwidth-per-minute", (*PULL, "--max-bandwidth", "500Mi/m"), USAGE, ("--max-bandwidth",)),
+    Mistake(
+        "bandwidth-variable",
+        PULL,
+        USAGE,
+        ("MODELSYNC_MAX_BANDWIDTH", "'fast'"),
+        env={"MODELSYNC_MAX_BANDWIDTH": "fast"},
+    ),
+    Mistake(
+        "concurrency-variable", PULL, USAGE, ("MODELSYNC_CONCURRENCY",), env={"MODELSYNC_CONCURRENCY": "lots"}
+    ),
+    Mistake(
+        "endpoint-flag-without-scheme",
+        (*PULL, "--endpoint-url", "127.0.0.1:9000"),
+        USAGE,
+        ("--endpoint-url", "http://127.0.0.1:9000"),
+    ),
+    Mistake(
+        "endpoint-variable-without-scheme",
+        PULL,
+        USAGE,
+        ("AWS_ENDPOINT_URL", "http://minio.local:9000"),
+        env={"AWS_ENDPOINT_URL": "minio.local:9000"},
+    ),
+    Mistake(
+        "endpoint-not-http", (*PULL, "--endpoint-url", "ftp://minio.local/"), USAGE, ("http:// or https://",)
+    ),
+    Mistake(
+        "endpoint-bad-port", (*PULL, "--endpoint-url", "http://minio.local:99999"), USAGE, ("--endpoint-url",)
+    ),
+    Mistake("missing-config-file", (*PULL, "--config", "{typo}.toml"), USAGE, ("does not exist",)),
+    Mistake("lease-not-a-duration", (*PULL, "--lease", "forever"), USAGE, ("'forever'",)),
+    Mistake(
+        "budget-variable-for-ls",
+        ("ls", "--cache-dir", "{cache}"),
+        USAGE,
+        ("MODELSYNC_CACHE_MAX_BYTES",),
+        env={"MODELSYNC_CACHE_MAX_BYTES": "lots"},
+        arrange=_empty_cache,
+    ),
+    Mistake(
+        "unknown-aws-profile",
+        ("pull", "s3://{bucket}/org/m/", "--cache-dir", "{cache}", "-q"),
+        USAGE,
+        ("AWS profile 'nosuchprofile'", "AWS_PROFILE"),
+        env={"AWS_PROFILE": "nosuchprofile"},
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "tls-to-plain-http",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q", "--endpoint-url", "{tls}"),
+        USAGE,
+        ("speaks plain HTTP", "http://"),
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    # -- the cache directory
+    Mistake(
+        "pull-into-a-regular-file",
+        ("pull", "s3://models/org/m/", "--cache-dir", "{file}"),
+        STORAGE,
+        ("not a directory",),
+    ),
+    Mistake("ls-of-a-regular-file", ("ls", "--cache-dir", "{file}"), STORAGE, ("not a directory",)),
+    Mistake("ls-of-a-typo", ("ls", "--cache-dir", "{typo}"), NOT_FOUND, ("no modelsync cache at",)),
+    Mistake("verify-of-a-typo", ("verify", "--cache-dir", "{typo}"), NOT_FOUND, ("no modelsync cache at",)),
+    Mistake("gc-of-a-typo", ("gc", "--cache-dir", "{typo}"), NOT_FOUND, ("no modelsync cache at",)),
+    Mistake(
+        "evict-of-a-typo",
+        ("evict", "--to-size", "1G", "--cache-dir", "{typo}"),
+        NOT_FOUND,
+        ("no modelsync cache at",),
+    ),
+    Mistake(
+        "pin-of-a-typo", ("pin", "models/org/m", "--cache-dir", "{typo}"), NOT_FOUND, ("no modelsync cache",)
+    ),
+    Mistake(
+        "pin-of-a-model-not-cached",
+        ("pin", "models/org/m", "--cache-dir", "{cache}"),
+        NOT_FOUND,
+        ("models/org/m",),
+        arrange=_empty_cache,
+    ),
+    # -- operator commands
+    Mistake(
+        "evict-without-selection",
+        ("evict", "--cache-dir", "{cache}"),
+        USAGE,
+        ("exactly one of",),
+        arrange=_empty_cache,
+    ),
+    Mistake(
+        "evict-two-selections",
+        ("evict", "models/org/m", "--to-size", "1G", "--cache-dir", "{cache}"),
+        USAGE,
+        ("exactly one of",),
+        arrange=_empty_cache,
+    ),
+    Mistake(
+        "evict-to-a-bad-size",
+        ("evict", "--to-size", "lots", "--cache-dir", "{cache}"),
+        USAGE,
+        ("invalid size 'lots'",),
+        arrange=_empty_cache,
+    ),
+    Mistake(
+        "gc-bad-age",
+        ("gc", "--older-than", "soon", "--cache-dir", "{cache}"),
+        USAGE,
+        ("invalid duration 'soon'",),
+        arrange=_empty_cache,
+    ),
+    # -- schedule commands
+    Mistake(
+        "plan-unknown-pool",
+        ("plan", "--schedule", "{schedule}", "--pool", "b300-servng", "--offline", "--cache-dir", "{cache}"),
+        USAGE,
+        ("unknown pool 'b300-servng'", "b300-serving, h200-batch"),
+    ),
+    Mistake(
+        "plan-without-pool",
+        ("plan", "--schedule", "{schedule}", "--offline", "--cache-dir", "{cache}"),
+        USAGE,
+        ("no pool given",),
+    ),
+    Mistake(
+        "plan-missing-schedule",
+        ("plan", "--schedule", "{typo}.yaml", "--pool", "p", "--cache-dir", "{cache}"),
+        USAGE,
+        ("typo.yaml",),
+    ),
+    Mistake(
+        "prefetch-unknown-name",
+        ("prefetch", "--schedule", "{schedule}", "nosuchname", "--cache-dir", "{cache}"),
+        USAGE,
+        ("no model named 'nosuchname'", "deepseek-v3, qwen3"),
+    ),
+    Mistake(
+        "daemon-zero-tick",
+        ("daemon", "--schedule", "{schedule}", "--pool", "p", "--tick", "0", "--cache-dir", "{cache}"),
+        USAGE,
+        ("--tick",),
+    ),
+    Mistake(
+        "daemon-bad-listen",
+        ("daemon", "--schedule", "{schedule}", "--pool", "p", "--listen", "9477", "--cache-dir", "{cache}"),
+        USAGE,
+        ("--listen",),
+    ),
+    # -- publish
+    Mistake(
+        "publish-a-file",
+        ("publish", "{file}", "s3://{bucket}/org/m/"),
+        USAGE,
+        ("not a directory",),
+        s3="moto",
+    ),
+    Mistake(
+        "publish-to-a-missing-bucket",
+        ("publish", "{dir}", "s3://no-such-bucket-cli/org/m/", "-q"),
+        NOT_FOUND,
+        ("'no-such-bucket-cli' does not exist", "publish needs an existing bucket"),
+        s3="moto",
+    ),
+    Mistake(
+        "publish-part-size-zero",
+        ("publish", "{dir}", "s3://{bucket}/org/m/", "--part-size", "0"),
+        USAGE,
+        ("--part-size",),
+        s3="moto",
+    ),
+    # -- what S3 answers
+    Mistake(
+        "missing-bucket",
+        ("pull", "s3://no-such-bucket-cli/org/m/", "--cache-dir", "{cache}", "-q"),
+        NOT_FOUND,
+        ("no-such-bucket-cli",),
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "empty-prefix",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        NOT_FOUND,
+        (f"/{PREFIX}",),
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "key-instead-of-prefix",
+        ("pull", SRC + "weights.bin", "--cache-dir", "{cache}", "-q"),
+        USAGE,
+        ("weights.bin is an object, not a model prefix", f"/{PREFIX}"),
+        arrange=_objects("weights.bin"),
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "unsafe-key",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("../../escape.bin",),
+        arrange=_objects("ok.bin", "../../escape.bin"),
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "malformed-manifest",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("malformed manifest", "unsupported version 7"),
+        arrange=_bad_manifest,
+        s3="moto",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "corrupt-on-every-fetch",
+        ("pull", SRC, "--cache-dir", "{cache}", "--part-size", "1Mi", "-q"),
+        INTEGRITY,
+        ("checksum mismatch", "weights.bin"),
+        arrange=_faulty("bitflip"),
+        s3="proxy",
+        known_leftovers=MARKERS_AND_STAGING,
+    ),
+    Mistake(
+        "disk-full",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        STORAGE,
+        (f"needs {format_bytes(1000)}", " free"),
+        arrange=_objects("weights.bin"),
+        s3="moto",
+        python=NO_SPACE,
+        known_leftovers=MARKERS_AND_STAGING,
+    ),
+    Mistake(
+        "wrong-credentials",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        DENIED,
+        ("ccess denied", "credentials"),
+        s3="auth",
+        known_leftovers=MARKERS,
+    ),
+    Mistake(
+        "data-plane-403",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        DENIED,
+        ("credentials",),
+        arrange=_faulty("status403"),
+        s3="proxy",
+        known_leftovers=MARKERS_AND_STAGING,
+    ),
+    Mistake("unreachable-endpoint", PULL, REMOTE, ("127.0.0.1",), s3="dead", known_leftovers=MARKERS),
+]
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.id for m in MISTAKES])
+def test_a_user_mistake_gives_one_error_line_its_documented_code_and_leaves_nothing_behind(
+    mistake: Mistake, tmp_path: Path, cache: Path, request: pytest.FixtureRequest
 ) -> None:
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "weights.bin", Body=os.urandom(MiB))
-    done = run_cli(
-        [f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], s3_env.subprocess_env(), NO_SPACE
+    client: BaseClient | None = None
+    proxy: FaultProxy | None = None
+    bucket = "models"
+    if mistake.s3 in {"none", "dead"}:
+        env = S3Env(f"http://127.0.0.1:{closed_port()}").subprocess_env()
+    elif mistake.s3 == "auth":
+        auth_env, bucket = request.getfixturevalue("auth_moto")
+        wrong = S3Env(auth_env.endpoint_url, access_key_id=WRONG_ACCESS_KEY, secret_access_key=WRONG_SECRET)
+        env = wrong.subprocess_env()
+    else:
+        client, bucket = request.getfixturevalue("s3_client"), request.getfixturevalue("bucket")
+        target: S3Env = request.getfixturevalue("s3_env" if mistake.s3 == "moto" else "proxied_s3_env")
+        proxy = request.getfixturevalue("fault_proxy") if mistake.s3 == "proxy" else None
+        env = target.subprocess_env()
+    world = World(tmp_path, cache, client, bucket, proxy)
+    values = world.placeholders(env["AWS_ENDPOINT_URL"])
+    if mistake.arrange is not None:
+        mistake.arrange(world)
+    had_cache = cache.exists()
+
+    done = run_cli([a.format(**values) for a in mistake.argv], {**env, **mistake.env}, mistake.python)
+
+    assert_user_error(
+        done, mistake.code, *(m.format(**values) for m in mistake.mentions), stdout=mistake.stdout
     )
-    assert_user_error(done, ExitCode.LOCAL_STORAGE, f"needs {format_bytes(MiB)}", " free")
-    assert_nothing_published(tmp_path, cache)
+    assert WRONG_SECRET not in done.stdout + done.stderr
+    assert left_behind(cache, mistake.known_leftovers) == []
+    if mistake.s3 == "none" and not had_cache:
+        assert not cache.exists(), "a command refused before it started created a cache"
+    assert not (tmp_path / "typo").exists()
+
+
+def test_the_table_covers_at_least_forty_mistakes() -> None:
+    assert len(MISTAKES) >= 40
+    assert len({m.id for m in MISTAKES}) == len(MISTAKES)
 
 
 def test_cli_pull_from_an_unreachable_endpoint_exits_7_within_a_bounded_time(
@@ -215,16 +581,12 @@ def test_cli_pull_from_an_unreachable_endpoint_exits_7_within_a_bounded_time(
 ) -> None:
     env = S3Env(f"http://127.0.0.1:{closed_port()}").subprocess_env()
     started = time.monotonic()
-    done = run_cli(["s3://models/org/m/", "--cache-dir", str(cache), "-q"], env)
+    done = run_cli(["pull", "s3://models/org/m/", "--cache-dir", str(cache), "-q"], env)
     elapsed_s = time.monotonic() - started
     record_property("cli_unreachable_s", round(elapsed_s, 2))
     print(f"CLI, unreachable endpoint: exit {done.returncode} after {elapsed_s:.2f} s")
     assert_user_error(done, ExitCode.REMOTE_UNAVAILABLE, "127.0.0.1")
     assert elapsed_s < 60
-    assert_nothing_published(tmp_path, cache)
-
-
-# ---- wrong credentials against a server that checks them -----------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -241,34 +603,3 @@ def auth_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Env,
         finally:
             client.close()
         yield env, bucket
-
-
-def test_cli_pull_with_wrong_credentials_exits_4_with_a_hint_and_never_prints_the_secret(
-    tmp_path: Path, cache: Path, auth_moto: tuple[S3Env, str]
-) -> None:
-    env_value, bucket = auth_moto
-    wrong = S3Env(env_value.endpoint_url, access_key_id=WRONG_ACCESS_KEY, secret_access_key=WRONG_SECRET)
-    done = run_cli([f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], wrong.subprocess_env())
-    line = assert_user_error(done, ExitCode.ACCESS_DENIED, "credentials")
-    assert WRONG_SECRET not in done.stdout + done.stderr
-    assert "access denied" in line.lower()
-    assert_nothing_published(tmp_path, cache)
-
-
-def test_cli_pull_answered_403_by_the_data_plane_exits_4_without_leaking_the_signature(
-    tmp_path: Path,
-    cache: Path,
-    proxied_s3_env: S3Env,
-    fault_proxy: FaultProxy,
-    s3_client: BaseClient,
-    bucket: str,
-) -> None:
-    s3_client.put_object(Bucket=bucket, Key=PREFIX + "weights.bin", Body=b"w" * 1000)
-    fault_proxy.add_fault("status403", match="weights.bin", times=100)
-    done = run_cli(
-        [f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "-q"], proxied_s3_env.subprocess_env()
-    )
-    line = assert_user_error(done, ExitCode.ACCESS_DENIED, "credentials")
-    assert "X-Amz-Signature" not in line and "X-Amz-Credential" not in line
-    assert proxied_s3_env.secret_access_key not in done.stdout + done.stderr
-    assert_nothing_published(tmp_path, cache)

@@ -45,7 +45,7 @@ def plan(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess[s
         (GOOD.replace("lead:", "prefetch:"), (), "schedule.yaml:7: models[0].prefetch: unknown key"),
         (GOOD.replace("0 8 * * mon-fri", "0 25 * * *"), (), "yaml:8: models[0].windows[0].cron: invalid"),
         (GOOD.replace("Asia/Seoul", "Mars/Olympus"), (), "yaml:2: timezone: unknown time zone 'Mars/"),
-        (GOOD, ("--pool", "b300-servng"), "schedule.yaml:1: pools: unknown pool 'b300-servng'"),
+        (GOOD, ("--pool", "b300-servng"), "unknown pool 'b300-servng': no model of"),
         ("version: 1\nmodels:\n" + MODEL + MODEL, (), "schedule.yaml:6: models[1].source: duplicate"),
         ("", (), "schedule.yaml:1: the schedule is empty"),
         ("#" * (MAX_SCHEDULE_BYTES + 10), (), "schedule.yaml:1: the schedule is"),

@@ -87,11 +87,15 @@ def evict_command(
     ] = None,
     to_size: Annotated[
         str | None,
-        typer.Option("--to-size", metavar="SIZE", help="Evict LRU models until the cache is this size."),
+        typer.Option(
+            "--to-size", metavar="SIZE", help="Evict LRU models until the cache is this size. [default: none]"
+        ),
     ] = None,
     unused_for: Annotated[
         str | None,
-        typer.Option("--unused-for", metavar="DURATION", help="Evict models unused this long, e.g. 7d."),
+        typer.Option(
+            "--unused-for", metavar="DURATION", help="Evict models unused this long, e.g. 7d. [default: none]"
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Evict named models even when pinned.")] = False,
     dry_run: DryRun = False,

@@ -62,13 +62,19 @@ class StderrProgress:
     """Renders PullEvents; a daemon thread redraws so transfer threads never block on output."""
 
     def __init__(
-        self, label: str, stream: TextIO | None = None, quiet: bool = False, verb: str = "fetch"
+        self,
+        label: str,
+        stream: TextIO | None = None,
+        quiet: bool = False,
+        verb: str = "fetch",
+        interval_s: float | None = None,
     ) -> None:
         self.label = label
         self.verb = verb
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.tty = self.stream.isatty()
+        self.interval_s = interval_s or (BAR_INTERVAL_S if self.tty else PLAIN_INTERVAL_S)
         self._lock = threading.Lock()
         self._total = 0
         self._missing = 0
@@ -123,8 +129,7 @@ class StderrProgress:
             print(("\r\x1b[K" if self.tty else "") + line, file=self.stream, flush=True)
 
     def _render_loop(self) -> None:
-        interval = BAR_INTERVAL_S if self.tty else PLAIN_INTERVAL_S
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.interval_s):
             self._render(final=False)
 
     def _render(self, final: bool) -> None:

@@ -84,7 +84,7 @@ class StderrProgress:
         self._thread: threading.Thread | None = None
 
     def waiting(self, holder: str) -> None:
-        self._say(f"{self.label}: waiting for {holder}, which is pulling it")
+        self._say(f": waiting for {holder}, which is pulling it")
 
     def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
         with self._lock:
@@ -93,7 +93,7 @@ class StderrProgress:
         reused = total_bytes - missing_bytes
         note = f", {format_bytes(reused)} already staged" if reused else ""
         noun = "file" if files == 1 else "files"
-        self._say(f"{self.label}: {files} {noun}, {format_bytes(missing_bytes)} to {self.verb}{note}")
+        self._say(f": {files} {noun}, {format_bytes(missing_bytes)} to {self.verb}{note}")
         if not self.quiet and self._thread is None and missing_bytes:
             self._thread = threading.Thread(target=self._render_loop, daemon=True)
             self._thread.start()
@@ -124,9 +124,15 @@ class StderrProgress:
         else:
             print(f"{self.label}: {status(done, missing, elapsed_s)} in {took(elapsed_s)}", file=self.stream)
 
-    def _say(self, line: str) -> None:
-        if not self.quiet:
-            print(("\r\x1b[K" if self.tty else "") + line, file=self.stream, flush=True)
+    def _say(self, rest: str) -> None:
+        """A one-off line about the model; on a terminal its name is shortened to keep it on one row."""
+        if self.quiet:
+            return
+        if self.tty:
+            label = shorten_middle(self.label, max(self._columns() - 1 - len(rest), _MIN_LABEL))
+            print(f"\r\x1b[K{label}{rest}", file=self.stream, flush=True)
+        else:
+            print(f"{self.label}{rest}", file=self.stream, flush=True)
 
     def _render_loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -347,6 +347,24 @@ def test_daemon_stays_healthy_and_ready_while_s3_is_unreachable(
     assert daemon.stop()[0] == 0
 
 
+def test_daemon_logs_a_missing_aws_profile_as_a_configuration_error_not_a_bug(
+    tmp_path: Path, start_daemon: Callable[..., Daemon]
+) -> None:
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("m6", "s3://models/org/m6/r1/", "always")]))
+    (tmp_path / "aws-config").write_text("[profile known]\nregion = us-east-1\n")
+    env = S3Env("http://127.0.0.1:9").subprocess_env()
+    env.update({"AWS_PROFILE": "nosuchprofile", "AWS_CONFIG_FILE": str(tmp_path / "aws-config")})
+    daemon = start_daemon(schedule, env)
+
+    failure = daemon.wait_for_log(lambda e: e.get("level") == "error", timeout_s=30)
+
+    assert failure["code"] == "bad_config" and failure["model"] == "m6"
+    assert "AWS profile 'nosuchprofile'" in str(failure["msg"])
+    assert not any("a bug" in str(e.get("msg")) or "Traceback" in str(e) for e in daemon.logs())
+    assert daemon.stop()[0] == 0
+
+
 def test_prefetch_without_a_daemon_pulls_the_model_itself_as_a_foreground_pull(
     tmp_path: Path, moto_subprocess_s3_env: S3Env
 ) -> None:

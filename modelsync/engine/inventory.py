@@ -65,6 +65,9 @@ async def _sizes(settings: Settings, refs: list[ModelRef], timeout_s: float) -> 
         for ref in refs:
             if ref.model_id not in known:
                 unknown.setdefault(ref.model_id, f"S3 did not answer within {timeout_s:g} s")
+    except ModelsyncError as exc:  # no client at all, e.g. AWS_PROFILE names no profile
+        for ref in refs:
+            unknown.setdefault(ref.model_id, str(exc))
     return RemoteSizes(known, unknown)
 
 

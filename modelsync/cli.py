@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer._click import Context, HelpFormatter
 from typer._click.exceptions import NoArgsIsHelpError
 from typer._click.exceptions import UsageError as ParseError
+from typer.core import TyperCommand
 
 from modelsync import cli_cache, cli_schedule
 from modelsync.adapters.cache import Cache
@@ -52,6 +54,23 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
 )
+
+
+class _Command(TyperCommand):
+    """Help that lists arguments by name alone (typer adds `<str>`, `<list[str]>`: noise to a reader)."""
+
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        params = self.get_params(ctx)
+        arguments = [
+            (f"{p.metavar or p.name}{'...' if p.nargs != 1 else ''}", getattr(p, "help", None) or "")
+            for p in params
+            if p.param_type_name == "argument"
+        ]
+        options = [r for p in params if p.param_type_name == "option" and (r := p.get_help_record(ctx))]
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -94,7 +113,7 @@ def _options(
     """Keep model weights staged on GPU nodes: verified, atomic, resumable pulls from S3."""
 
 
-@app.command()
+@app.command(cls=_Command)
 @user_errors
 def pull(
     source: Annotated[
@@ -183,7 +202,7 @@ def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
     return None if problems else Cache(settings.cache_dir).ready_path(ref)
 
 
-@app.command()
+@app.command(cls=_Command)
 @user_errors
 def publish(
     directory: Annotated[Path, typer.Argument(metavar="DIRECTORY", help="Local model directory.")],
@@ -231,7 +250,7 @@ def publish(
     typer.echo(ref.uri)
 
 
-@app.command()
+@app.command(cls=_Command)
 @user_errors
 def demo(
     keep: Annotated[
@@ -245,12 +264,12 @@ def demo(
     run_demo(keep=keep)
 
 
-app.command("ls")(user_errors(cli_cache.ls))
-app.command("evict")(user_errors(cli_cache.evict_command))
-app.command("pin")(user_errors(cli_cache.pin))
-app.command("unpin")(user_errors(cli_cache.unpin))
-app.command("verify")(user_errors(cli_cache.verify))
-app.command("gc")(user_errors(cli_cache.gc))
-app.command("plan")(user_errors(cli_schedule.plan))
-app.command("daemon")(user_errors(cli_schedule.daemon))
-app.command("prefetch")(user_errors(cli_schedule.prefetch))
+app.command("ls", cls=_Command)(user_errors(cli_cache.ls))
+app.command("evict", cls=_Command)(user_errors(cli_cache.evict_command))
+app.command("pin", cls=_Command)(user_errors(cli_cache.pin))
+app.command("unpin", cls=_Command)(user_errors(cli_cache.unpin))
+app.command("verify", cls=_Command)(user_errors(cli_cache.verify))
+app.command("gc", cls=_Command)(user_errors(cli_cache.gc))
+app.command("plan", cls=_Command)(user_errors(cli_schedule.plan))
+app.command("daemon", cls=_Command)(user_errors(cli_schedule.daemon))
+app.command("prefetch", cls=_Command)(user_errors(cli_schedule.prefetch))

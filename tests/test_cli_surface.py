@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,11 +19,12 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from botocore.exceptions import SSLError
 from support.s3env import S3Env
 
-from modelsync.adapters.s3 import open_s3
+from modelsync.adapters.s3 import open_s3, s3_errors
 from modelsync.config import Settings
-from modelsync.errors import ConfigError, ExitCode
+from modelsync.errors import ConfigError, ExitCode, UsageError
 
 MiB = 1024 * 1024
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -240,3 +242,24 @@ def test_the_demo_does_not_end_on_a_path_it_deleted(cli: Run) -> None:
     last = done.stderr.splitlines()[-1]
     assert last.startswith("demo: removed ") and "--keep" in last
     assert not Path(last.split()[2]).exists()
+
+
+@pytest.mark.parametrize(
+    ("reason", "advice"),
+    [
+        ("WRONG_VERSION_NUMBER", "speaks plain HTTP"),
+        ("RECORD_LAYER_FAILURE", "speaks plain HTTP"),
+        ("CERTIFICATE_VERIFY_FAILED", "AWS_CA_BUNDLE"),
+        (None, "AWS_CA_BUNDLE"),
+    ],
+)
+def test_a_tls_failure_is_told_apart_by_openssls_reason(reason: str | None, advice: str) -> None:
+    """The plain-HTTP case also runs for real in the mistakes table; a bad certificate keeps its advice."""
+    with pytest.raises(UsageError, match=advice), s3_errors("listing s3://b/p/", "b"):
+        raise SSLError(endpoint_url="https://127.0.0.1:9", error=ssl_error(reason))
+
+
+def ssl_error(reason: str | None) -> ssl.SSLError:
+    error = ssl.SSLError(1, f"[SSL: {reason}] handshake failed")
+    error.reason = reason  # set by OpenSSL on a real failure
+    return error

@@ -78,7 +78,7 @@ Region = Annotated[
 ConfigFile = Annotated[
     Path | None,
     typer.Option(
-        "--config", metavar="FILE", help="TOML settings file [env var: MODELSYNC_CONFIG; default: none]."
+        "--config", metavar="FILE", help="TOML settings file. [env var: MODELSYNC_CONFIG; default: none]"
     ),
 ]
 Concurrency = Annotated[

@@ -159,12 +159,12 @@ def cache_settings(cache_dir: Path | None, config: Path | None) -> Settings:
 
 
 def usable_cache(settings: Settings) -> Cache:
-    """The cache at the configured root, which may not exist yet but must not be a regular file."""
+    """The cache at the configured root, which may not exist yet but must not be, or lie in, a file."""
     root = settings.cache_dir
-    if root.exists() and not root.is_dir():
-        raise LocalStorageError(
-            f"cache root {root} is not a directory; check --cache-dir or MODELSYNC_CACHE_DIR"
-        )
+    nearest = next((p for p in (root, *root.parents) if p.exists()), root)
+    if not nearest.is_dir():
+        where = "is not a directory" if nearest == root else f"lies in {nearest}, which is not a directory"
+        raise LocalStorageError(f"cache root {root} {where}; check --cache-dir or MODELSYNC_CACHE_DIR")
     return Cache(root)
 
 

@@ -343,6 +343,12 @@ MISTAKES = [
         STORAGE,
         ("not a directory",),
     ),
+    Mistake(
+        "pull-under-a-regular-file",
+        ("pull", "s3://models/org/m/", "--cache-dir", "{file}/cache"),
+        STORAGE,
+        ("which is not a directory",),
+    ),
     Mistake("ls-of-a-regular-file", ("ls", "--cache-dir", "{file}"), STORAGE, ("not a directory",)),
     Mistake("ls-of-a-typo", ("ls", "--cache-dir", "{typo}"), NOT_FOUND, ("no modelsync cache at",)),
     Mistake("verify-of-a-typo", ("verify", "--cache-dir", "{typo}"), NOT_FOUND, ("no modelsync cache at",)),

@@ -289,7 +289,9 @@ def parse_setting(name: str, text: str, origin: str) -> Any:
         return _PARSERS[name](text)
     except (ValueError, UsageError) as exc:
         error = type(exc) if isinstance(exc, ConfigError) else ConfigError  # CaBundleError keeps its code
-        raise error(f"{origin}: bad value for {name}: {exc}") from None
+        # a flag names its setting itself; a variable or a file line needs the setting said
+        subject = origin if origin.startswith("--") else f"{origin}: bad value for {name}"
+        raise error(f"{subject}: {exc}") from None
 
 
 def _read_config_file(path: Path) -> dict[str, object]:

@@ -82,8 +82,8 @@ ConfigFile = Annotated[
     ),
 ]
 Concurrency = Annotated[
-    int | None,
-    typer.Option("--concurrency", metavar="N", min=1, help=_setting("concurrency", "Transfers in flight.")),
+    str | None,
+    typer.Option("--concurrency", metavar="N", help=_setting("concurrency", "Transfers in flight.")),
 ]
 PartSize = Annotated[
     str | None,
@@ -126,7 +126,7 @@ def build_settings(
     endpoint_url: str | None = None,
     region: str | None = None,
     config: Path | None = None,
-    concurrency: int | None = None,
+    concurrency: str | None = None,
     part_size: str | None = None,
     max_bandwidth: str | None = None,
     insecure: bool = False,
@@ -142,7 +142,7 @@ def build_settings(
         "cache_dir": cache_dir.expanduser().absolute() if cache_dir else None,
         "endpoint_url": _flag("endpoint_url", "--endpoint-url", endpoint_url),
         "region": region,
-        "concurrency": concurrency,
+        "concurrency": _flag("concurrency", "--concurrency", concurrency),
         "part_size_bytes": _flag("part_size_bytes", "--part-size", part_size),
         "max_bandwidth_bytes_per_s": _flag("max_bandwidth_bytes_per_s", "--max-bandwidth", max_bandwidth),
         "insecure": True if insecure else None,

@@ -96,7 +96,10 @@ def _parse_bool(text: str) -> bool:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise ValueError(f"{value} is not positive")
     return value

@@ -171,8 +171,9 @@ def daemon(
         list[str] | None,
         typer.Option(
             "--allow",
-            help="Also serve pulls and prefetches of sources under this s3:// prefix (repeatable) "
-            "[env MODELSYNC_ALLOWED_PREFIXES, comma-separated].",
+            metavar="PREFIX",
+            help="Also serve pulls and prefetches of sources under this s3:// prefix (repeatable). "
+            "[env var: MODELSYNC_ALLOWED_PREFIXES, comma-separated; default: the schedule's sources only]",
         ),
     ] = None,
     cache_dir: CacheDir = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -242,6 +243,23 @@ def test_the_demo_does_not_end_on_a_path_it_deleted(cli: Run) -> None:
     last = done.stderr.splitlines()[-1]
     assert last.startswith("demo: removed ") and "--keep" in last
     assert not Path(last.split()[2]).exists()
+
+
+def test_the_demo_with_keep_ends_on_the_ready_path_it_kept(cli: Run) -> None:
+    done = cli("demo", "--keep")
+
+    assert done.returncode == 0, done.stderr
+    ready = Path(done.stdout.splitlines()[-1])
+    kept = done.stderr.splitlines()[-1]
+    cache = Path(kept.rsplit("--cache-dir ", 1)[1])
+    try:
+        assert kept.startswith(f"demo: kept the model and the cache in {cache.parent};")
+        assert (ready / "config.json").is_file() and ready.is_relative_to(cache)
+        listing = cli("ls", "--cache-dir", str(cache))
+        assert listing.returncode == 0 and listing.stdout.splitlines()[-1].startswith("1 model, ")
+    finally:
+        if cache.parent.name.startswith("modelsync-demo-"):
+            shutil.rmtree(cache.parent, ignore_errors=True)
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,10 @@ Insecure = Annotated[
     typer.Option("--insecure", help=_setting("insecure", "Skip TLS certificate checks (warns).", "off")),
 ]
 Quiet = Annotated[
-    bool, typer.Option("--quiet", "-q", help="No progress on stderr; errors and notes about your flags still show.")
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="No progress on stderr; errors and notes about your flags still show."
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 

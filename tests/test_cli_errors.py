@@ -102,9 +102,7 @@ _LAYOUT_OK = {"layout", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", 
 def left_behind(cache: Path, known: tuple[str, ...] = ()) -> list[str]:
     """Everything a failed command left in the cache beyond its empty layout: models, staging, markers.
 
-    `known` names state subdirectories whose leftovers are known and removed by the cache
-    half of issue 11 (foreground markers, the staging of a refused pull); their allowance goes
-    once that lands.
+    `known` names state subdirectories the failure keeps on purpose (a journal to resume from).
     """
     if not cache.exists():
         return []
@@ -244,7 +242,7 @@ class Mistake:
     python: str | None = None
     #: the command prints a partial result on stdout before refusing
     stdout: bool = False
-    #: see left_behind
+    #: what the failure keeps on purpose (see left_behind)
     known_leftovers: tuple[str, ...] = ()
 
 
@@ -253,7 +251,9 @@ SRC = f"s3://{{bucket}}/{PREFIX}"
 USAGE, NOT_FOUND, DENIED = ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.ACCESS_DENIED
 INTEGRITY, STORAGE, REMOTE = ExitCode.INTEGRITY, ExitCode.LOCAL_STORAGE, ExitCode.REMOTE_UNAVAILABLE
 #: a pull's foreground marker, and a failed transfer's staging (see left_behind)
-MARKERS, MARKERS_AND_STAGING = ("foreground",), ("foreground", "staging")
+#: a transfer that failed after it started keeps its staged parts and journal on purpose:
+#: the next run resumes from them (a refused or misdirected pull leaves nothing)
+RESUMABLE = ("staging",)
 
 MISTAKES = [
     # -- the parser's own mistakes
@@ -277,7 +277,7 @@ MISTAKES = [
         "unsafe-prefix", ("pull", "s3://models/a/../../etc/", "--cache-dir", "{cache}"), USAGE, ("unsafe",)
     ),
     # -- settings, from flags, variables and files
-    Mistake("part-size-zero", (*PULL, "--part-size", "0"), USAGE, ("--part-size", "'0'")),
+    Mistake("part-size-zero", (*PULL, "--part-size", "0"), USAGE, ("--part-size: part size 0 B is under",)),
     Mistake("part-size-not-a-size", (*PULL, "--part-size", "big"), USAGE, ("--part-size", "'big'")),
     Mistake("bandwidth-per-minute", (*PULL, "--max-bandwidth", "500Mi/m"), USAGE, ("--max-bandwidth",)),
     Mistake(
@@ -326,7 +326,6 @@ MISTAKES = [
         ("AWS profile 'nosuchprofile'", "AWS_PROFILE"),
         env={"AWS_PROFILE": "nosuchprofile"},
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "tls-to-plain-http",
@@ -334,7 +333,6 @@ MISTAKES = [
         USAGE,
         ("speaks plain HTTP", "http://"),
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     # -- the cache directory
     Mistake(
@@ -464,7 +462,6 @@ MISTAKES = [
         NOT_FOUND,
         ("no-such-bucket-cli",),
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "empty-prefix",
@@ -472,7 +469,6 @@ MISTAKES = [
         NOT_FOUND,
         (f"/{PREFIX}",),
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "key-instead-of-prefix",
@@ -481,7 +477,6 @@ MISTAKES = [
         ("weights.bin is an object, not a model prefix", f"/{PREFIX}"),
         arrange=_objects("weights.bin"),
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "unsafe-key",
@@ -490,7 +485,6 @@ MISTAKES = [
         ("../../escape.bin",),
         arrange=_objects("ok.bin", "../../escape.bin"),
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "malformed-manifest",
@@ -499,7 +493,6 @@ MISTAKES = [
         ("malformed manifest", "unsupported version 7"),
         arrange=_bad_manifest,
         s3="moto",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "corrupt-on-every-fetch",
@@ -508,7 +501,7 @@ MISTAKES = [
         ("checksum mismatch", "weights.bin"),
         arrange=_faulty("bitflip"),
         s3="proxy",
-        known_leftovers=MARKERS_AND_STAGING,
+        known_leftovers=RESUMABLE,
     ),
     Mistake(
         "disk-full",
@@ -518,7 +511,7 @@ MISTAKES = [
         arrange=_objects("weights.bin"),
         s3="moto",
         python=NO_SPACE,
-        known_leftovers=MARKERS_AND_STAGING,
+        known_leftovers=RESUMABLE,
     ),
     Mistake(
         "wrong-credentials",
@@ -526,7 +519,6 @@ MISTAKES = [
         DENIED,
         ("ccess denied", "credentials"),
         s3="auth",
-        known_leftovers=MARKERS,
     ),
     Mistake(
         "data-plane-403",
@@ -535,9 +527,9 @@ MISTAKES = [
         ("credentials",),
         arrange=_faulty("status403"),
         s3="proxy",
-        known_leftovers=MARKERS_AND_STAGING,
+        known_leftovers=RESUMABLE,
     ),
-    Mistake("unreachable-endpoint", PULL, REMOTE, ("127.0.0.1",), s3="dead", known_leftovers=MARKERS),
+    Mistake("unreachable-endpoint", PULL, REMOTE, ("127.0.0.1",), s3="dead"),
 ]
 
 

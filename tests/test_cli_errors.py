@@ -473,7 +473,7 @@ MISTAKES = [
     Mistake(
         "key-instead-of-prefix",
         ("pull", SRC + "weights.bin", "--cache-dir", "{cache}", "-q"),
-        USAGE,
+        NOT_FOUND,
         ("weights.bin is an object, not a model prefix", f"/{PREFIX}"),
         arrange=_objects("weights.bin"),
         s3="moto",

@@ -169,7 +169,7 @@ def test_a_pull_on_an_80_column_terminal_never_wraps_the_progress_line(
         "--cache-dir",
         str(tmp_path / "cache"),
         "--part-size",
-        "256Ki",
+        "1Mi",
         "--max-bandwidth",
         "1Mi/s",
         "--concurrency",

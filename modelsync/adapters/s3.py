@@ -181,8 +181,9 @@ class S3:
             return
         parent = key.rpartition("/")[0]
         hint = f", s3://{ref.bucket}/{parent}/" if parent else ""
-        raise UsageError(
-            f"s3://{ref.bucket}/{key} is an object, not a model prefix; give the model's prefix{hint}"
+        raise NotFoundError(
+            f"no model at {ref.uri}: s3://{ref.bucket}/{key} is an object, not a model prefix; "
+            f"give the model's prefix{hint}"
         )
 
     async def require_bucket(self, bucket: str) -> None:

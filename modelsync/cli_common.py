@@ -90,7 +90,7 @@ PartSize = Annotated[
     typer.Option(
         "--part-size",
         metavar="SIZE",
-        help=_setting("part_size_bytes", "Bytes per ranged GET or upload part.", "16Mi"),
+        help=_setting("part_size_bytes", "Bytes per ranged GET or upload part, 1Mi to 1Gi.", "16Mi"),
     ),
 ]
 MaxBandwidth = Annotated[

@@ -17,6 +17,8 @@ import typer
 from modelsync.adapters.cache import Cache
 from modelsync.config import (
     CACHE_SETTINGS,
+    MAX_PART_BYTES,
+    MIN_PART_BYTES,
     Settings,
     config_file_from,
     environment,
@@ -24,6 +26,7 @@ from modelsync.config import (
     parse_setting,
 )
 from modelsync.core.refs import ModelRef
+from modelsync.core.units import format_bytes
 from modelsync.errors import LocalStorageError, ModelsyncError, NotFoundError
 
 P = ParamSpec("P")
@@ -90,7 +93,12 @@ PartSize = Annotated[
     typer.Option(
         "--part-size",
         metavar="SIZE",
-        help=_setting("part_size_bytes", "Bytes per ranged GET or upload part, 1Mi to 1Gi.", "16Mi"),
+        help=_setting(
+            "part_size_bytes",
+            f"Bytes per ranged GET or upload part, {format_bytes(MIN_PART_BYTES)} to "
+            f"{format_bytes(MAX_PART_BYTES)}.",
+            "16Mi",
+        ),
     ),
 ]
 MaxBandwidth = Annotated[

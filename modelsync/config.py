@@ -11,6 +11,7 @@ plus a fixed overhead; it does not grow with the model's size.
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import tomllib
@@ -20,6 +21,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from modelsync.core.refs import ModelRef
+from modelsync.core.signature import (
+    DEFAULT_SIGNATURE_NAME,
+    Mode,
+    SignatureRule,
+    Trust,
+    parse_mode,
+    parse_rules,
+    resolve,
+)
 from modelsync.core.units import format_bytes, parse_duration, parse_rate, parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
 
@@ -84,6 +95,35 @@ class Settings:
     low_watermark: float = field(default=0.85, metadata={"env": "MODELSYNC_CACHE_LOW_WATERMARK"})
     #: a model pulled or touched within this many seconds is in use and is not evicted to make room
     in_use_grace_s: float = field(default=600.0, metadata={"env": "MODELSYNC_IN_USE_GRACE"})
+    #: OpenSSF model signatures for every source no rule covers: required, if-present or off
+    signature: Mode = field(default=Mode.OFF, metadata={"env": "MODELSYNC_SIGNATURE"})
+    #: PEM public keys trusted to sign models (comma-separated in the environment)
+    signature_public_keys: tuple[str, ...] = field(
+        default=(), metadata={"env": "MODELSYNC_SIGNATURE_PUBLIC_KEYS"}
+    )
+    #: PEM certificates a signing certificate must chain to (comma-separated in the environment)
+    signature_certificate_chain: tuple[str, ...] = field(
+        default=(), metadata={"env": "MODELSYNC_SIGNATURE_CERTIFICATE_CHAIN"}
+    )
+    #: allowed signers (certificate SAN or CN, key `sha256:<hex>`); empty: whoever the trust vouches for
+    signature_identities: tuple[str, ...] = field(
+        default=(), metadata={"env": "MODELSYNC_SIGNATURE_IDENTITIES"}
+    )
+    #: per bucket or prefix: `[[signature_rules]]` tables in the config file, a JSON list in the environment
+    signature_rules: tuple[SignatureRule, ...] = field(
+        default=(), metadata={"env": "MODELSYNC_SIGNATURE_RULES"}
+    )
+    #: the signature's object name under a model's prefix
+    signature_name: str = field(default=DEFAULT_SIGNATURE_NAME, metadata={"env": "MODELSYNC_SIGNATURE_NAME"})
+
+    def signature_rule(self, ref: ModelRef) -> SignatureRule:
+        """The signature policy for `ref`: its most specific rule, else the global setting."""
+        default = SignatureRule(
+            "",
+            self.signature,
+            Trust(self.signature_public_keys, self.signature_certificate_chain, self.signature_identities),
+        )
+        return resolve((default, *self.signature_rules), ref)
 
 
 def _parse_bool(text: str) -> bool:
@@ -207,6 +247,22 @@ def _endpoint_url(text: str) -> str | None:
     return text
 
 
+def _string_list(text: str) -> tuple[str, ...]:
+    """A JSON list (from the config file) or comma-separated text (from the environment)."""
+    if text.lstrip().startswith("["):
+        values = json.loads(text)
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ValueError("expected a list of strings")
+        return tuple(values)
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _signature_name(text: str) -> str:
+    if not text or "/" in text:
+        raise ValueError(f"{text!r} is not a file name")
+    return text
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "cache_dir": lambda t: Path(t).expanduser().absolute(),
     "endpoint_url": _endpoint_url,
@@ -225,6 +281,12 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "high_watermark": _ratio,
     "low_watermark": _ratio,
     "in_use_grace_s": parse_duration,
+    "signature": parse_mode,
+    "signature_public_keys": _string_list,
+    "signature_certificate_chain": _string_list,
+    "signature_identities": _string_list,
+    "signature_rules": parse_rules,
+    "signature_name": _signature_name,
 }
 
 #: what the commands that only read or manage the cache use: a bad value of any other
@@ -305,7 +367,16 @@ def _read_config_file(path: Path) -> dict[str, object]:
         raise ConfigError(f"config file {path} does not exist") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-    return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in data.items()}
+    return {k: _file_text(v) for k, v in data.items()}
+
+
+def _file_text(value: object) -> object:
+    """A TOML value as the text its parser reads: booleans lowercase, lists and tables as JSON."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return value
 
 
 def config_file_from(flag: Path | None, env: Mapping[str, str]) -> Path | None:

@@ -16,7 +16,12 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     │   ├── ChecksumMismatchError   bytes do not match the recorded digest or ETag
     │   ├── ObjectChangedError      the object was overwritten during the pull
     │   ├── UnsafeKeyError          a key would escape or alias inside the cache
-    │   └── ManifestError           modelsync.manifest.json is malformed
+    │   ├── ManifestError           modelsync.manifest.json is malformed
+    │   ├── MalformedModelError     a safetensors header or shard index does not add up
+    │   └── SignatureError          the model's OpenSSF signature does not vouch for it
+    │       ├── UnsignedModelError      a signature is required and there is none
+    │       ├── UntrustedSignatureError the signature or its signer is not trusted
+    │       └── SignedContentError      a file is not listed in the signature or does not match
     ├── LocalStorageError (6)
     │   └── DiskFullError           not enough space for the model
     ├── RemoteUnavailableError (7)  endpoint unreachable or failing after retries
@@ -109,6 +114,26 @@ class UnsafeKeyError(IntegrityError):
 
 class ManifestError(IntegrityError):
     code = "bad_manifest"
+
+
+class MalformedModelError(IntegrityError):
+    code = "malformed_model"
+
+
+class SignatureError(IntegrityError):
+    code = "bad_signature"
+
+
+class UnsignedModelError(SignatureError):
+    code = "unsigned_model"
+
+
+class UntrustedSignatureError(SignatureError):
+    code = "untrusted_signature"
+
+
+class SignedContentError(SignatureError):
+    code = "signed_content_mismatch"
 
 
 class LocalStorageError(ModelsyncError):

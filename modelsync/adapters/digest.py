@@ -11,6 +11,9 @@ hash then reads the page cache in place, without a copy (measured in
 docs/perf-lab.md: about a quarter of the CPU of a pread pass). xxhash and hashlib
 release the GIL on large buffers, so hashing runs beside the transfer threads.
 Memory: one window mapping at a time per hasher.
+
+SHA-256 (what an OpenSSF model signature lists) is computed in the same pass,
+from the same window, only when the caller asks: unsigned pulls pay nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ class FileDigest:
     xxh3_128: str
     #: raw MD5 of each `md5_part_bytes` slice, when asked for (ETag checks)
     part_md5s: tuple[bytes, ...] = ()
+    #: hex SHA-256 of the whole file, when asked for (signature checks)
+    sha256: str | None = None
 
 
 class PrefixHasher:
-    """xxh3-128 (and optionally per-part MD5s) of `[0, size)`, fed in increasing prefixes."""
+    """xxh3-128 (and optionally per-part MD5s, SHA-256) of `[0, size)`, fed in increasing prefixes."""
 
-    def __init__(self, size_bytes: int, md5_part_bytes: int | None = None) -> None:
+    def __init__(self, size_bytes: int, md5_part_bytes: int | None = None, sha256: bool = False) -> None:
         self.size_bytes = size_bytes
         #: everything before this offset has been hashed
         self.position = 0
@@ -44,6 +49,7 @@ class PrefixHasher:
         self._md5 = hashlib.md5() if md5_part_bytes else None
         self._in_part = 0
         self._part_md5s: list[bytes] = []
+        self._sha256 = hashlib.sha256() if sha256 else None
 
     def feed(self, fd: int, end: int) -> None:
         """Hash `[position, end)` of `fd`; blocking, so callers run it in a worker thread."""
@@ -61,6 +67,8 @@ class PrefixHasher:
 
     def _update(self, data: memoryview) -> None:
         self._xxh.update(data)
+        if self._sha256 is not None:
+            self._sha256.update(data)
         if self._md5 is None or not self._md5_part_bytes:
             return
         while len(data):
@@ -78,11 +86,15 @@ class PrefixHasher:
         md5s = list(self._part_md5s)
         if self._md5 is not None and (self._in_part or not md5s):
             md5s.append(self._md5.digest())  # the last, shorter part (or an empty file)
-        return FileDigest(xxh3_128=self._xxh.hexdigest(), part_md5s=tuple(md5s))
+        return FileDigest(
+            xxh3_128=self._xxh.hexdigest(),
+            part_md5s=tuple(md5s),
+            sha256=self._sha256.hexdigest() if self._sha256 is not None else None,
+        )
 
 
-def hash_fd(fd: int, size_bytes: int, md5_part_bytes: int | None = None) -> FileDigest:
+def hash_fd(fd: int, size_bytes: int, md5_part_bytes: int | None = None, sha256: bool = False) -> FileDigest:
     """The digest of the first `size_bytes` of a file that is already complete."""
-    hasher = PrefixHasher(size_bytes, md5_part_bytes)
+    hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256)
     hasher.feed(fd, size_bytes)
     return hasher.digest()

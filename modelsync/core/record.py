@@ -6,10 +6,13 @@ Written by a pull just before the model is published, read by a warm pull,
     {"format": "modelsync-record", "version": 1,
      "source": "s3://models/org/model/rev/", "completed_at": 1767139200.0,
      "verified_by": "manifest" | "etag-md5" | "etag-multipart" | "size",
-     "files": [{"path": "...", "size": 1, "xxh3_128": "...", "etag": "..."}]}
+     "files": [{"path": "...", "size": 1, "xxh3_128": "...", "etag": "..."}],
+     "signer": "key release.pub.pem (sha256:…)"}
 
 `verified_by` is the weakest check any file passed: a model without a manifest
 whose objects have opaque ETags was checked for size only, and says so.
+`signer` (optional) names who signed the model when its OpenSSF signature was
+verified before it was published; records without it were not checked.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class CompletionRecord:
     completed_at: float
     verified_by: str
     files: tuple[FileEntry, ...]
+    #: who signed the model, when its signature was verified before publishing
+    signer: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -54,6 +59,8 @@ def render_record(record: CompletionRecord) -> bytes:
             for f in sorted(record.files, key=lambda f: f.path)
         ],
     }
+    if record.signer is not None:
+        doc["signer"] = record.signer
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
@@ -82,6 +89,9 @@ def parse_record(data: bytes, origin: str) -> CompletionRecord:
     if not isinstance(raw_files, list):
         raise bad("'files' is not a list")
     files = tuple(parse_file_entry(raw, i, bad) for i, raw in enumerate(raw_files))
+    signer = doc.get("signer")
+    if signer is not None and not isinstance(signer, str):
+        raise bad("'signer' is not a string")
     return CompletionRecord(
-        source=source, completed_at=float(completed_at), verified_by=verified_by, files=files
+        source=source, completed_at=float(completed_at), verified_by=verified_by, files=files, signer=signer
     )

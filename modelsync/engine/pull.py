@@ -8,7 +8,10 @@ Shape of a pull:
    body is written at its offset in a staging file by a worker thread.
 5. When a file's last part lands, hash it (from the page cache) and check it
    against the manifest digest or the ETag; a mismatch refetches the file once.
-6. Publish: record first, then one rename of the staging directory.
+   When the model's signature is in play, SHA-256 is computed in the same pass.
+6. Final check (engine/trust.py): the signature lists exactly these files and
+   digests, and the safetensors headers add up; else nothing is published.
+7. Publish: record first, then one rename of the staging directory.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from modelsync.engine.maintain import repair_ready
 from modelsync.engine.ready import quick_check
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import TokenBucket
+from modelsync.engine.trust import SignatureCheck, final_check
 from modelsync.errors import (
     ChecksumMismatchError,
     DiskFullError,
@@ -239,6 +243,9 @@ class _Puller:
         #: the version of each file that was fetched and verified (a restart may change it)
         self.fetched: dict[str, RemoteFile] = {}
         self.urls: dict[str, str] = {}
+        self.signature = SignatureCheck(ref, settings.signature_rule(ref), settings.signature_name)
+        #: SHA-256 of each file hashed while it downloaded (only when a signature is checked)
+        self.sha256s: dict[str, str] = {}
         self.s3: S3
         self.client: RangeClient
         self.executor: ThreadPoolExecutor
@@ -246,7 +253,7 @@ class _Puller:
     async def run(self) -> tuple[Path, PullPlan]:
         async with open_s3(self.settings) as s3, self._data_plane():
             self.s3 = s3
-            files = await self._files()
+            files = self.signature.select(await self._files())
             if self.current is not None and _unchanged(self.current, files):
                 self.events.planned(len(files), self.current.total_bytes, 0)
                 return self.cache.ready_path(self.ref), plan_pull(files, self.settings.part_size_bytes, {})
@@ -291,14 +298,18 @@ class _Puller:
                         )
                         task = tg.create_task(self._file(work, known=resume and known))
                         task.add_done_callback(lambda _t: file_slots.release())
+            fetched = [self.fetched.get(w.file.path, w.file) for w in plan.files]
+            signer = await asyncio.to_thread(
+                final_check, self.staging.dir, fetched, self.signature, self.sha256s
+            )
             record = CompletionRecord(
                 source=self.ref.uri,
                 completed_at=time.time(),
                 verified_by=weakest([by for _digest, by in self.verified.values()]),
                 files=tuple(
-                    FileEntry(f.path, f.size_bytes, self.verified[f.path][0], f.etag)
-                    for f in (self.fetched.get(w.file.path, w.file) for w in plan.files)
+                    FileEntry(f.path, f.size_bytes, self.verified[f.path][0], f.etag) for f in fetched
                 ),
+                signer=signer,
             )
             path = await asyncio.to_thread(self.cache.publish, self.ref, self.staging, record)
             self.catalog.register(self.ref, record)
@@ -422,8 +433,11 @@ class _Puller:
                 self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
             try:
                 md5_part = await self._md5_part_bytes(f)
-                digest = await self._fetch_parts(work, PrefixHasher(f.size_bytes, md5_part))
+                hasher = PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
+                digest = await self._fetch_parts(work, hasher)
                 self._accept(f, digest, md5_part)
+                if self.signature.active and f.path == self.signature.name:
+                    await asyncio.to_thread(self.signature.signed, self.staging.dir)  # a bad one fails now
                 return
             except ObjectChangedError:
                 if attempt == 2:
@@ -523,6 +537,8 @@ class _Puller:
         self.events.verifying(f.path)
         verified_by = _check(f, digest, md5_part)
         self.verified[f.path] = (digest.xxh3_128, verified_by)
+        if digest.sha256 is not None:
+            self.sha256s[f.path] = digest.sha256
         self.fetched[f.path] = f
         self.staging.journal.file_verified(f.path, digest.xxh3_128, verified_by)
 

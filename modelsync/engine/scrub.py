@@ -1,0 +1,68 @@
+"""Scrub a model's safetensors headers and shard index on disk (see core/safetensors.py).
+
+Reads only the first 8 bytes and the header of each `.safetensors` file (two
+preads), and the index file itself: a few kilobytes per shard whatever the
+model's size. Files are opened beneath the model's directory without following
+symlinks, as every other check here does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from modelsync.adapters import fs
+from modelsync.core import safetensors
+from modelsync.engine.ready import Problem
+from modelsync.errors import MalformedModelError
+
+
+def scrub(root: Path, files: Iterable[tuple[str, int]]) -> list[Problem]:
+    """Problems of the safetensors files and index among `files` (path, size) below `root`."""
+    listed = dict(files)
+    headers: dict[str, safetensors.Header] = {}
+    problems: list[Problem] = []
+    root_fd = fs.open_dir(root)
+    try:
+        for path, size_bytes in sorted(listed.items()):
+            if not safetensors.is_safetensors(path):
+                continue
+            try:
+                headers[path] = _header(root_fd, path, size_bytes)
+            except MalformedModelError as exc:
+                problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
+        for path in sorted(p for p in listed if p.rpartition("/")[2] == safetensors.INDEX_NAME):
+            data = _read(root_fd, path, 0, min(listed[path], safetensors.MAX_INDEX_BYTES + 1))
+            try:
+                safetensors.check_index(path, data, headers, frozenset(listed))
+            except MalformedModelError as exc:
+                problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
+    finally:
+        os.close(root_fd)
+    return problems
+
+
+def raise_first(problems: list[Problem]) -> None:
+    """For the pull's final check: the first problem as the error that stops the publish."""
+    if problems:
+        p = problems[0]
+        raise MalformedModelError(
+            f"{p.path}: {p.reason}; the published model is broken, republish it"
+            + (f" ({len(problems) - 1} more problem(s))" if len(problems) > 1 else "")
+        )
+
+
+def _header(root_fd: int, path: str, size_bytes: int) -> safetensors.Header:
+    prefix = _read(root_fd, path, 0, safetensors.PREFIX_BYTES)
+    length = safetensors.header_length(path, prefix, size_bytes)
+    header = _read(root_fd, path, safetensors.PREFIX_BYTES, length)
+    return safetensors.parse_header(path, header, size_bytes)
+
+
+def _read(root_fd: int, path: str, offset: int, n_bytes: int) -> bytes:
+    fd = fs.open_file_beneath(root_fd, PurePosixPath(path), os.O_RDONLY)
+    try:
+        return os.pread(fd, n_bytes, offset)
+    finally:
+        os.close(fd)

@@ -1,0 +1,100 @@
+"""A pull's last word before publishing: the model's signature and its safetensors headers.
+
+The signature policy (core/signature.py) decides whether the model's `model.sig`
+is looked at. When it is, the pull hashes every file with SHA-256 as its parts
+land (adapters/digest.py) and this module compares those digests with the ones
+the verified signature lists; only files the pull did not download (hard-linked
+copies, files verified before a restart) are hashed here from disk. When it is
+not, nothing here costs anything and `model-signing` is never imported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+
+from modelsync.adapters import fs
+from modelsync.adapters.digest import hash_fd
+from modelsync.core.parts import RemoteFile
+from modelsync.core.refs import ModelRef
+from modelsync.core.signature import Mode, SignatureRule, SignedModel, check_contents, check_identity
+from modelsync.engine.scrub import raise_first, scrub
+from modelsync.errors import UnsignedModelError
+
+
+class SignatureCheck:
+    """One pull's signature work: find the signature, verify its envelope once, compare digests."""
+
+    def __init__(self, ref: ModelRef, rule: SignatureRule, signature_name: str) -> None:
+        self.ref = ref
+        self.rule = rule
+        self.name = signature_name
+        #: whether this pull has a signature to check, so it must compute SHA-256s
+        self.active = False
+        self._signed: SignedModel | None = None
+
+    def select(self, files: list[RemoteFile]) -> list[RemoteFile]:
+        """The files with the signature first (so a bad one fails early); refuses an unsigned model
+        under `required`, before any byte is fetched."""
+        if self.rule.mode is Mode.OFF:
+            return files
+        signature = [f for f in files if f.path == self.name]
+        if not signature:
+            if self.rule.mode is Mode.REQUIRED:
+                raise UnsignedModelError(
+                    f"{self.ref.uri} is unsigned: no {self.name} under the prefix, and the signature "
+                    "policy for it is required; sign it (modelsync publish --sign-key) or change the policy"
+                )
+            return files
+        from modelsync.adapters.oms import require_library
+
+        require_library()
+        self.active = True
+        return signature + [f for f in files if f.path != self.name]
+
+    def signed(self, staging_dir: Path) -> SignedModel:
+        """The verified signature (blocking: reads the staged bundle and checks it once)."""
+        if self._signed is None:
+            from modelsync.adapters.oms import verify_bundle
+
+            signed = verify_bundle(staging_dir / self.name, self.rule.trust, f"{self.ref.uri}{self.name}")
+            check_identity(signed, self.rule.trust)
+            self._signed = signed
+        return self._signed
+
+
+def final_check(
+    staging_dir: Path,
+    files: Iterable[RemoteFile],
+    signature: SignatureCheck,
+    sha256s: Mapping[str, str],
+) -> str | None:
+    """Refuse to publish a model whose signature or safetensors headers do not hold; the signer.
+
+    Blocking (run it in a thread). `sha256s` are the digests computed while the
+    files downloaded; any file without one is hashed here.
+    """
+    sizes = {f.path: f.size_bytes for f in files}
+    signer = None
+    if signature.active:
+        signed = signature.signed(staging_dir)
+        digests = dict(sha256s)
+        for path in sorted(set(sizes) - set(digests)):
+            digests[path] = _sha256(staging_dir, path, sizes[path])
+        check_contents(signed, digests, signature.name)
+        signer = signed.signer
+    raise_first(scrub(staging_dir, sizes.items()))
+    return signer
+
+
+def _sha256(root: Path, path: str, size_bytes: int) -> str:
+    root_fd = fs.open_dir(root)
+    try:
+        fd = fs.open_file_beneath(root_fd, PurePosixPath(path), os.O_RDONLY)
+    finally:
+        os.close(root_fd)
+    try:
+        return hash_fd(fd, size_bytes, sha256=True).sha256 or ""
+    finally:
+        os.close(fd)

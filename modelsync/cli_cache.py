@@ -40,7 +40,7 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change 
 
 
 def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = False) -> None:
-    """List cached models: size, last use, pin, state, verification, and totals against the budget."""
+    """List cached models: size, last use, pin, state, verification, signer, and totals against the budget."""
     settings = cache_settings(cache_dir, config)
     cache = existing_cache(settings)
     budget = budget_bytes(settings)
@@ -48,16 +48,17 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
         views = catalog.views()
         use = budget_use(catalog.eviction_entries(views), budget)
     used = use.used_bytes
+    signers = {v.model: _signer(cache, v) for v in views}
     free = fs.free_bytes(settings.cache_dir)
     if as_json:
         doc = {
-            "models": [_as_dict(v) for v in views],
+            "models": [{**_as_dict(v), "signer": signers[v.model]} for v in views],
             "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},
         }
         typer.echo(json.dumps(doc, indent=1))
         return
     now = time.time()
-    rows = [("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED")]
+    rows = [("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED", "SIGNED BY")]
     for v in views:
         rows.append(
             (
@@ -67,6 +68,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
                 _ago(v.last_used, now),
                 "yes" if v.pinned else "",
                 "failed" if v.state == "quarantined" else _ago(v.verified_at, now),
+                signers[v.model] or "",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -208,7 +210,7 @@ def verify(
         settings = cache_settings(cache_dir, config)
     cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
-        report = run_verify(cache, catalog, model, full)
+        report = run_verify(cache, catalog, model, full, settings.signature_rule, settings.signature_name)
         quarantined = [v.model for v in catalog.views() if v.state == "quarantined"]
     if as_json:
         doc = {
@@ -294,6 +296,12 @@ def gc(
     for item in found:
         typer.echo(f"{verb} {item.path} ({item.reason})")
     typer.echo(f"{verb} {plural(len(found), 'leftover')}")
+
+
+def _signer(cache: Cache, view: ModelView) -> str | None:
+    """Who signed the model, from its completion record (the index does not hold it)."""
+    record = cache.load_record(parse_model_name(view.model))
+    return record.signer if record is not None else None
 
 
 def _ago(at: float | None, now: float) -> str:

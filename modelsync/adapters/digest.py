@@ -98,3 +98,8 @@ def hash_fd(fd: int, size_bytes: int, md5_part_bytes: int | None = None, sha256:
     hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256)
     hasher.feed(fd, size_bytes)
     return hasher.digest()
+
+
+def xxh3_of(data: bytes) -> str:
+    """xxh3-128 of a small object held in memory (a signature bundle)."""
+    return str(xxhash.xxh3_128(data).hexdigest())

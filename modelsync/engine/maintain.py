@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 import stat
 import time
@@ -23,8 +24,10 @@ from modelsync.adapters.foreground import remove_if_stale, stale_markers
 from modelsync.core.parts import layout_bytes, plan_parts
 from modelsync.core.record import CompletionRecord, parse_record, render_record
 from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.core.signature import DEFAULT_SIGNATURE_NAME, Mode, SignatureRule
 from modelsync.engine.catalog import QUARANTINED, READY, Catalog
 from modelsync.engine.ready import Problem, full_check, quick_check
+from modelsync.engine.trust import full_recheck
 from modelsync.errors import ModelsyncError, NotFoundError
 
 
@@ -65,8 +68,19 @@ class VerifyReport:
         return all(not c.problems for c in self.checks)
 
 
-def verify(cache: Cache, catalog: Catalog, model: str | None, full: bool) -> VerifyReport:
-    """Check one model or all ready ones; damaged models are quarantined (no longer served)."""
+def verify(
+    cache: Cache,
+    catalog: Catalog,
+    model: str | None,
+    full: bool,
+    signatures: Callable[[ModelRef], SignatureRule] | None = None,
+    signature_name: str = DEFAULT_SIGNATURE_NAME,
+) -> VerifyReport:
+    """Check one model or all ready ones; damaged models are quarantined (no longer served).
+
+    `full` re-hashes every byte and scrubs safetensors headers; with `signatures`
+    (the policy for a model) it also re-checks each model's signature.
+    """
     views = catalog.views()
     if model is not None:
         views = [catalog.require(parse_model_name(model).model_id)]
@@ -74,12 +88,23 @@ def verify(cache: Cache, catalog: Catalog, model: str | None, full: bool) -> Ver
     for view in views:
         if view.state != READY:
             continue
-        report.checks.append(_check_model(cache, catalog, parse_model_name(view.model), full))
+        ref = parse_model_name(view.model)
+        deep = None
+        if full:
+            rule = signatures(ref) if signatures is not None else SignatureRule("", Mode.OFF)
+            deep = functools.partial(full_recheck, ref, rule=rule, signature_name=signature_name)
+        report.checks.append(_check_model(cache, catalog, ref, deep))
     report.leftovers = leftovers(cache)
     return report
 
 
-def _check_model(cache: Cache, catalog: Catalog, ref: ModelRef, full: bool) -> ModelCheck:
+def _check_model(
+    cache: Cache,
+    catalog: Catalog,
+    ref: ModelRef,
+    deep: Callable[[Path, CompletionRecord], list[Problem]] | None,
+) -> ModelCheck:
+    """Quick (sizes) without `deep`; else `deep`: every byte, headers, signature."""
     lock = cache.lock(ref)
     if not lock.try_acquire():
         return ModelCheck(ref.model_id, (), busy=True)
@@ -88,7 +113,7 @@ def _check_model(cache: Cache, catalog: Catalog, ref: ModelRef, full: bool) -> M
         if record is None:
             return ModelCheck(ref.model_id, (Problem("", "completion record missing"),))
         root = cache.ready_path(ref)
-        problems = full_check(root, record) if full else quick_check(root, record)
+        problems = deep(root, record) if deep is not None else quick_check(root, record)
         problems += _strays(root, record)
         if not problems:
             now = time.time()

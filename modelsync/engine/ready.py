@@ -42,8 +42,12 @@ def quick_check(root: Path, record: CompletionRecord) -> list[Problem]:
     return problems
 
 
-def full_check(root: Path, record: CompletionRecord) -> list[Problem]:
-    """Re-hash every file against the record's xxh3-128; never follows a symlink."""
+def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | None = None) -> list[Problem]:
+    """Re-hash every file against the record's xxh3-128; never follows a symlink.
+
+    With `sha256s`, each file's SHA-256 is computed in the same pass and stored
+    there, for a signature re-check that reads nothing twice.
+    """
     problems = quick_check(root, record)
     bad = {p.path for p in problems}
     root_fd = fs.open_dir(root)
@@ -53,9 +57,12 @@ def full_check(root: Path, record: CompletionRecord) -> list[Problem]:
                 continue
             fd = fs.open_file_beneath(root_fd, PurePosixPath(f.path), os.O_RDONLY)
             try:
-                digest = hash_fd(fd, f.size).xxh3_128
+                both = hash_fd(fd, f.size, sha256=sha256s is not None)
             finally:
                 os.close(fd)
+            digest = both.xxh3_128
+            if sha256s is not None and both.sha256 is not None:
+                sha256s[f.path] = both.sha256
             if digest != f.xxh3_128:
                 problems.append(Problem(f.path, f"xxh3-128 {digest}, recorded {f.xxh3_128}"))
     finally:

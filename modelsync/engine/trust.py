@@ -17,10 +17,12 @@ from pathlib import Path, PurePosixPath
 from modelsync.adapters import fs
 from modelsync.adapters.digest import hash_fd
 from modelsync.core.parts import RemoteFile
+from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef
 from modelsync.core.signature import Mode, SignatureRule, SignedModel, check_contents, check_identity
+from modelsync.engine.ready import Problem, full_check
 from modelsync.engine.scrub import raise_first, scrub
-from modelsync.errors import UnsignedModelError
+from modelsync.errors import SignatureError, UnsignedModelError
 
 
 class SignatureCheck:
@@ -98,3 +100,27 @@ def _sha256(root: Path, path: str, size_bytes: int) -> str:
         return hash_fd(fd, size_bytes, sha256=True).sha256 or ""
     finally:
         os.close(fd)
+
+
+def full_recheck(
+    ref: ModelRef, root: Path, record: CompletionRecord, rule: SignatureRule, signature_name: str
+) -> list[Problem]:
+    """`verify --full` of a ready model: every byte against the record, the safetensors headers,
+    and, when the policy looks at signatures, the signature against every file (one read each)."""
+    paths = {f.path for f in record.files}
+    signed = rule.mode is not Mode.OFF and signature_name in paths
+    sha256s: dict[str, str] | None = {} if signed else None
+    problems = full_check(root, record, sha256s)
+    problems += scrub(root, [(f.path, f.size) for f in record.files])
+    if rule.mode is Mode.REQUIRED and signature_name not in paths:
+        problems.append(Problem(signature_name, "missing, and the signature policy requires one"))
+    if not signed or sha256s is None:
+        return problems
+    check = SignatureCheck(ref, rule, signature_name)
+    try:
+        verified = check.signed(root)
+        if set(sha256s) == paths:  # files that failed to hash are already reported
+            check_contents(verified, sha256s, signature_name)
+    except SignatureError as exc:
+        problems.append(Problem(signature_name, str(exc)))
+    return problems

@@ -168,5 +168,6 @@ def sign_bundle(
         signature = cast(sign_sigstore_pb.Signature, signer.sign(payload))  # what these signers make
         bundle_json: str = signature.bundle.to_json()
     except (OSError, ValueError, TypeError) as exc:
-        raise UsageError(f"cannot sign with {private_key}: {exc}") from None
+        what = f"{private_key} and {certificate}" if certificate is not None else str(private_key)
+        raise UsageError(f"cannot sign with {what}: {str(exc).splitlines()[0]}") from None
     return bundle_json.encode()

@@ -5,6 +5,9 @@ Each data set is one bucket holding one model prefix, laid out as nginx serves i
 64 MiB block from os.urandom, passed through a different byte permutation for every
 64 MiB block of every file, so no two blocks are alike (a later dedup cannot flatter
 anyone) while generation runs near memory speed.
+
+Shards and their index are valid safetensors (a real header, one U8 tensor filling the
+shard; an index whose total_size adds up), since every pull scrubs their headers.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +26,14 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # modelsync, installed or not
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
+from modelsync.core.safetensors import INDEX_NAME, is_safetensors
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BLOCK = 64 * MiB
 PREFIX = "model"
 _MARKER = ".complete.json"
+#: bumped when generated contents change shape, so older sets are made again
+_LAYOUT = 2
 
 # The small files of a Hugging Face style model, smallest first (sizes run 1 KiB .. 5 MiB).
 _MODEL_SIDE_FILES = (
@@ -143,7 +150,7 @@ def link_subset(src: DataSet, name: str, paths: list[str], data_root: Path) -> D
 
 
 def _write_marker(ds: DataSet, data_root: Path, digests: dict[str, str]) -> None:
-    marker = {"files": [[p, s] for p, s in ds.files], "xxh3_128": digests}
+    marker = {"layout": _LAYOUT, "files": [[p, s] for p, s in ds.files], "xxh3_128": digests}
     (data_root / f"{ds.name}{_MARKER}").write_text(json.dumps(marker))
 
 
@@ -158,7 +165,7 @@ def _load_marker(ds: DataSet, data_root: Path) -> dict[str, str] | None:
         doc = json.loads(marker.read_text())
     except (OSError, ValueError):
         return None
-    if [tuple(f) for f in doc.get("files", [])] != list(ds.files):
+    if doc.get("layout") != _LAYOUT or [tuple(f) for f in doc.get("files", [])] != list(ds.files):
         return None
     model_dir = ds.model_dir(data_root)
     for path, size in ds.files:
@@ -178,11 +185,15 @@ def _generate(ds: DataSet, data_root: Path) -> dict[str, str]:
     model_dir.mkdir(parents=True)
     base = os.urandom(BLOCK)
     digests: dict[str, str] = {}
+    heads = _safetensors_heads(ds.files)
     for index, (path, size) in enumerate(ds.files):
         rng = random.Random(f"{ds.name}/{index}")
         hasher = xxhash.xxh3_128()
         with open(model_dir / path, "wb") as f:
-            left = size
+            head = heads.get(path, b"")[:size]
+            f.write(head)
+            hasher.update(head)
+            left = size - len(head)
             while left:
                 n = min(left, BLOCK)
                 start = rng.randrange(BLOCK - n + 1)
@@ -194,6 +205,30 @@ def _generate(ds: DataSet, data_root: Path) -> dict[str, str]:
                 left -= n
         digests[path] = hasher.hexdigest()
     return digests
+
+
+def _safetensors_heads(files: tuple[tuple[str, int], ...]) -> dict[str, bytes]:
+    """The leading bytes that make shards valid safetensors and the index valid JSON
+    (padded with spaces to its size), by path; the rest of each file stays random."""
+    heads: dict[str, bytes] = {}
+    weight_map: dict[str, str] = {}
+    total = 0
+    for path, size in files:
+        if not is_safetensors(path):
+            continue
+        name, header, previous = f"weight-{len(weight_map)}", b"", None
+        while header != previous:  # the tensor's length depends on the header's, and back
+            previous, n_bytes = header, size - 8 - len(header)
+            text = json.dumps({name: {"dtype": "U8", "shape": [n_bytes], "data_offsets": [0, n_bytes]}})
+            header = text.encode() + b" " * (-len(text) % 8)
+        heads[path] = struct.pack("<Q", len(header)) + header
+        weight_map[name] = path
+        total += size - 8 - len(header)
+    for path, size in files:
+        if path.rpartition("/")[2] == INDEX_NAME:
+            text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}).encode()
+            heads[path] = text + b" " * max(0, size - len(text))
+    return heads
 
 
 def hash_file(path: Path, buf: bytearray) -> str:

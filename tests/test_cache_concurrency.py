@@ -25,6 +25,7 @@ import pytest
 from botocore.client import BaseClient
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
+from support.safetensors import shard
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import ModelRef, parse_source
@@ -159,7 +160,7 @@ def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
 def test_eight_concurrent_pulls_of_one_model_all_print_its_path_and_fetch_it_about_once(
     tmp_path: Path, s3: BaseClient, proxy: FaultProxy, env: dict[str, str]
 ) -> None:
-    files = {"model.safetensors": os.urandom(4 * MiB), "config.json": b'{"layers": 4}'}
+    files = {"model.safetensors": shard(4 * MiB), "config.json": b'{"layers": 4}'}
     total = sum(len(d) for d in files.values())
     ref = upload(s3, "org/popular/rev1/", files)
     cache_dir = tmp_path / "cache"
@@ -184,7 +185,7 @@ def test_eight_concurrent_pulls_of_one_model_all_print_its_path_and_fetch_it_abo
 def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_parts(
     tmp_path: Path, s3: BaseClient, proxy: FaultProxy, env: dict[str, str]
 ) -> None:
-    files = {"model.safetensors": os.urandom(12 * MiB)}
+    files = {"model.safetensors": shard(12 * MiB)}
     total = 12 * MiB
     ref = upload(s3, "org/handover/rev1/", files)
     cache_dir = tmp_path / "cache"

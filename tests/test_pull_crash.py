@@ -23,6 +23,7 @@ import pytest
 from botocore.client import BaseClient
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
+from support.safetensors import shard
 
 from modelsync.core.refs import parse_source
 
@@ -114,7 +115,8 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
     proxy_to_child_moto: FaultProxy,
     child_s3: BaseClient,
 ) -> None:
-    files = {"model-00001.safetensors": payload(16 * MiB), "model-00002.safetensors": payload(8 * MiB)}
+    # Valid shards (random tensor bytes): the pull's final check scrubs their headers.
+    files = {"model-00001.safetensors": shard(16 * MiB), "model-00002.safetensors": shard(8 * MiB)}
     total = sum(len(d) for d in files.values())
     bucket = arrange_model(child_s3, files)
     cache = tmp_path / "cache"

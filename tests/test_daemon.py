@@ -362,6 +362,37 @@ def test_daemon_logs_a_missing_aws_profile_as_a_configuration_error_not_a_bug(
     assert failure["code"] == "bad_config" and failure["model"] == "m6"
     assert "AWS profile 'nosuchprofile'" in str(failure["msg"])
     assert not any("a bug" in str(e.get("msg")) or "Traceback" in str(e) for e in daemon.logs())
+
+
+def test_an_unsigned_model_the_schedule_requires_signed_is_refused_counted_and_logged(
+    tmp_path: Path, start_daemon: Callable[..., Daemon], moto_subprocess_s3_env: S3Env
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    public_key = tmp_path / "release.pub.pem"
+    public_key.write_bytes(
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    upload(moto_subprocess_s3_env, "models", "org/m9/r1/", {"w.bin": payload(MiB, 9)})
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(
+        schedule_text([("m9", "s3://models/org/m9/r1/", "always")])
+        + f"    signature: {{mode: required, public_keys: [{public_key}]}}\n"
+    )
+    daemon = start_daemon(schedule, moto_subprocess_s3_env.subprocess_env())
+
+    wait_until(
+        lambda: (daemon.metric("modelsync_pull_failures_total", code="unsigned_model") or 0) >= 1,
+        timeout_s=30,
+        what="the refusal is counted",
+    )
+    assert (daemon.metric("modelsync_verification_failures_total") or 0) >= 1
+    failure = daemon.wait_for_log(lambda e: e.get("code") == "unsigned_model")
+    assert failure["model"] == "m9" and "is unsigned" in str(failure["msg"])
+    assert not (tmp_path / "cache/models/org/m9/r1").exists()
     assert daemon.stop()[0] == 0
 
 

@@ -25,6 +25,7 @@ from modelsync.core.schedule import (
     ScheduledModel,
     load_schedule,
 )
+from modelsync.core.signature import Mode, SignatureRule, Trust
 from modelsync.core.windows import ALWAYS, CronWindow, Window, current_or_next
 from modelsync.errors import ExitCode, ScheduleError, UsageError
 
@@ -131,6 +132,26 @@ def test_windows_inherit_the_top_level_time_zone_unless_they_override_it() -> No
     assert model.keep_s == 0.0
     assert load_schedule(NIGHTLY, "s.yaml").for_pool("h100-batch") == (model,)
     assert load_schedule(NIGHTLY, "s.yaml").for_pool("other") == ()
+
+
+def test_a_signature_policy_applies_to_its_model_alone_and_defaults_to_the_defaults() -> None:
+    text = (
+        "version: 1\n"
+        "defaults: {signature: if-present}\n"
+        "models:\n"
+        "  - {source: s3://models/a/1/, pools: [p], windows: [always]}\n"
+        "  - source: s3://models/b/1/\n"
+        "    pools: [p]\n"
+        "    windows: [always]\n"
+        "    signature: {mode: required, public_keys: [/trust/b.pem], identities: [ops@example.com]}\n"
+    )
+    assert schema_errors(text) == []
+    a, b = load_schedule(text, "s.yaml").models
+    assert a.signature == SignatureRule("models/a/1/", Mode.IF_PRESENT)
+    assert b.signature == SignatureRule(
+        "models/b/1/", Mode.REQUIRED, Trust(("/trust/b.pem",), (), ("ops@example.com",))
+    )
+    assert load_schedule(MINIMAL, "s.yaml").models[0].signature is None
 
 
 def test_known_pools_accept_a_schedule_that_names_only_them() -> None:
@@ -358,6 +379,21 @@ BAD_SCHEDULES: list[tuple[str, str, str]] = [
         "schedule.yaml:4: models[1].name: duplicate name 'x'; already used by models[0] (line 3)",
     ),
     (
+        "unknown signature mode",
+        MINIMAL + "    signature: sometimes\n",
+        "schedule.yaml:6: models[0].signature: signature policy 'sometimes' is not one of required",
+    ),
+    (
+        "signature mapping without a mode",
+        MINIMAL + "    signature: {public_keys: [/k.pem]}\n",
+        "schedule.yaml:6: models[0].signature: missing required key 'mode'",
+    ),
+    (
+        "signature keys that are not a list",
+        MINIMAL + "    signature: {mode: required, public_keys: /k.pem}\n",
+        "schedule.yaml:6: models[0].signature.public_keys: expected a list",
+    ),
+    (
         "non-printable character",
         "version: 1\nmodels: []\n# \x07\n",
         "schedule.yaml:3: malformed YAML:",
@@ -478,6 +514,9 @@ STRUCTURAL_CASES = [
     "source that is a whole bucket",
     "source with a bad bucket",
     "top level is a list",
+    "unknown signature mode",
+    "signature mapping without a mode",
+    "signature keys that are not a list",
 ]
 
 

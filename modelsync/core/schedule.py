@@ -18,6 +18,7 @@ The file is YAML (format described in docs/schedule.md, JSON Schema in
       - source: s3://models/Qwen/Qwen3-0.6B/2025-04-29/
         pools: [spark-serving]
         windows: [always]
+        signature: required              # or {mode, public_keys, certificate_chain, identities}
 
 Everything is checked here, at load, so that a daemon never discovers a bad
 cron expression at fire time: a schedule either loads completely or is refused
@@ -43,6 +44,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.signature import Mode, SignatureRule, Trust, parse_mode
 from modelsync.core.units import parse_duration
 from modelsync.core.windows import ALWAYS, CronWindow, Window, load_zone, validate_cron
 from modelsync.errors import ScheduleError, UsageError
@@ -78,8 +80,9 @@ _T = TypeVar("_T")
 # A Kubernetes label value (pools come from the `accelerator.pool` label); names share it.
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _TOP_KEYS = ("version", "timezone", "defaults", "models")
-_DEFAULTS_KEYS = ("lead", "keep", "priority")
-_MODEL_KEYS = ("name", "source", "pools", "priority", "lead", "keep", "windows")
+_DEFAULTS_KEYS = ("lead", "keep", "priority", "signature")
+_MODEL_KEYS = ("name", "source", "pools", "priority", "lead", "keep", "windows", "signature")
+_SIGNATURE_KEYS = ("mode", "public_keys", "certificate_chain", "identities")
 _WINDOW_KEYS = ("cron", "duration", "timezone")
 _TYPE_NAMES: dict[type, str] = {
     str: "a string",
@@ -105,6 +108,8 @@ class ScheduledModel:
     windows: tuple[Window, ...]
     #: 1-based line of the entry in the schedule file, for messages about it
     line: int
+    #: the model's signature policy, over the node's settings; None leaves the settings' rule
+    signature: SignatureRule | None = None
 
     @property
     def label(self) -> str:
@@ -237,6 +242,8 @@ class _Defaults:
     lead_s: float
     keep_s: float
     priority: int
+    #: (mode, trust) for models that name none
+    signature: tuple[Mode, Trust] | None = None
 
 
 class _Reader:
@@ -287,13 +294,18 @@ class _Reader:
             lead_s=self.optional(fields, "lead", "defaults.lead", self.duration, base.lead_s),
             keep_s=self.optional(fields, "keep", "defaults.keep", self.duration, base.keep_s),
             priority=self.optional(fields, "priority", "defaults.priority", self.priority, base.priority),
+            signature=self.optional(fields, "signature", "defaults.signature", self.signature, None),
         )
 
     def model(self, node: Node, path: str, defaults: _Defaults) -> ScheduledModel:
         fields = self.mapping(node, path, _MODEL_KEYS, required=("source", "pools", "windows"))
         name = self.optional(fields, "name", f"{path}.name", self.label_value, None)
+        source = self.source(fields["source"], f"{path}.source")
+        signature = self.optional(
+            fields, "signature", f"{path}.signature", self.signature, defaults.signature
+        )
         return ScheduledModel(
-            source=self.source(fields["source"], f"{path}.source"),
+            source=source,
             name=name,
             pools=self.pools(fields["pools"], f"{path}.pools"),
             priority=self.optional(fields, "priority", f"{path}.priority", self.priority, defaults.priority),
@@ -301,7 +313,34 @@ class _Reader:
             keep_s=self.optional(fields, "keep", f"{path}.keep", self.duration, defaults.keep_s),
             windows=self.windows(fields["windows"], f"{path}.windows", defaults.timezone),
             line=node.start_mark.line + 1,
+            signature=(
+                None if signature is None else SignatureRule(f"{source.bucket}/{source.prefix}", *signature)
+            ),
         )
+
+    def signature(self, node: Node, path: str) -> tuple[Mode, Trust]:
+        """`required | if-present | off`, or a mapping with the mode and its trust (key paths on the node)."""
+        if isinstance(node, ScalarNode):
+            text = self.string(node, path)
+            return self.check(node, path, lambda: parse_mode(text)), Trust()
+        fields = self.mapping(node, path, _SIGNATURE_KEYS, required=("mode",))
+        mode_text = self.string(fields["mode"], f"{path}.mode")
+        mode = self.check(fields["mode"], f"{path}.mode", lambda: parse_mode(mode_text))
+        return mode, Trust(
+            public_keys=self.optional(fields, "public_keys", f"{path}.public_keys", self.strings, ()),
+            certificate_chain=self.optional(
+                fields, "certificate_chain", f"{path}.certificate_chain", self.strings, ()
+            ),
+            identities=self.optional(fields, "identities", f"{path}.identities", self.strings, ()),
+        )
+
+    def strings(self, node: Node, path: str) -> tuple[str, ...]:
+        items = self.sequence(node, path)
+        values = tuple(self.string(item, f"{path}[{i}]") for i, item in enumerate(items))
+        for i, (item, value) in enumerate(zip(items, values, strict=True)):
+            if not value:
+                raise self.fail(item, f"{path}[{i}]", "empty; name a file or an identity")
+        return values
 
     def pools(self, node: Node, path: str) -> tuple[str, ...]:
         items = self.sequence(node, path)

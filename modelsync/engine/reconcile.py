@@ -47,7 +47,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -375,9 +375,10 @@ class Reconciler:
         what = "refresh check of" if job.refresh else "prefetch"
         log.info("%s %s", what, job.label, extra={"model": job.label, "requested": job.requested})
         protected = self._protected()
+        settings = self._settings_for(job.ref)
         future = _in_daemon_thread(
             lambda: self._puller(
-                self.settings,
+                settings,
                 job.ref,
                 _Events(self.metrics, job.label),
                 cancel=job.cancel,
@@ -414,6 +415,14 @@ class Reconciler:
         if self.schedule is None:
             return {}
         return protection_reasons(desired_models(self.schedule, self.config.pool, self._wall_clock()))
+
+    def _settings_for(self, ref: ModelRef) -> Settings:
+        """The node's settings, with the schedule's signature policy for `ref` as its most specific rule."""
+        for model in self.schedule.models if self.schedule is not None else ():
+            if model.source == ref and model.signature is not None:
+                rules = (*self.settings.signature_rules, model.signature)
+                return replace(self.settings, signature_rules=rules)
+        return self.settings
 
     def _scheduled_ref(self, model_id: str) -> ModelRef | None:
         for model in self.schedule.models if self.schedule is not None else ():

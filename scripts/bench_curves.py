@@ -14,7 +14,11 @@ when one thing changes", which is what a default or a deployment is chosen from:
   default / N, at least 1) so only the process count changes;
 * file size: one object of 64 MiB, 256 MiB, 1 GiB, 4 GiB (s5cmd alongside as the
   reference, at the same settings as in scripts/bench);
-* files per second on 2,000 x 64 KiB files, modelsync against s5cmd.
+* files per second on 2,000 x 64 KiB files, modelsync against s5cmd;
+* signature: the same model set pulled unsigned (signatures off) and signed (an OpenSSF
+  `model.sig` over its files, pulled under `MODELSYNC_SIGNATURE=required`), so the cost of
+  hashing every byte with SHA-256 as it lands, and of verifying the bundle, shows as the
+  ratio of the two medians.
 
 Every point is a whole process measured by the harness (scripts/benchmark.py `measure`:
 spawn to exit, CPU of the process tree from wait4, peak RSS of its largest process);
@@ -35,7 +39,7 @@ import shlex
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +51,7 @@ from nginx_endpoint import NginxEndpoint
 
 from modelsync.config import Settings
 
-CURVES = ("concurrency", "processes", "size", "small-files")
+CURVES = ("concurrency", "processes", "size", "small-files", "signature")
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 PROCESSES = (1, 2, 4, 8)  # divisors of the 8 shards
 SIZES_FULL = (64 * MiB, 256 * MiB, GiB, 4 * GiB)
@@ -255,6 +259,18 @@ def build_curves(args: argparse.Namespace, scratch: Path, url: str, work: Path,
         specs.append(CurveSpec(
             "size", f"one object of each size, defaults, tmpfs, median of {args.rounds}",
             "object", pts))
+    if "signature" in args.only:
+        unsigned, signed = preps["model-set"], preps["model-set-signed"]
+        signed_point = single(ms, "signature", "signed", signed, scratch / "ms", url, work)
+        env = {**signed_point.env, "MODELSYNC_SIGNATURE": "required",
+               "MODELSYNC_SIGNATURE_PUBLIC_KEYS": str(args.signature_public_key)}
+        specs.append(CurveSpec(
+            "signature",
+            f"modelsync on the model set ({unsigned.dataset.count} files, "
+            f"{unsigned.dataset.total_bytes / GiB:.2f} GiB) unsigned and signed (SHA-256 of every "
+            f"byte, verified before ready), defaults, tmpfs, median of {args.rounds}", "model set",
+            [single(ms, "signature", "unsigned", unsigned, scratch / "ms", url, work),
+             replace(signed_point, env=env)]))
     if "small-files" in args.only:
         prep = preps["small-files"]
         specs.append(CurveSpec(
@@ -282,8 +298,13 @@ def prepare_all(args: argparse.Namespace, data_root: Path) -> dict[str, Prepared
     """Generate (once) or reuse every set the chosen curves need; keys name the roles."""
     sets = bench_data.datasets(args.small)
     preps: dict[str, Prepared] = {}
-    if {"concurrency", "processes"} & set(args.only):
+    if {"concurrency", "processes", "signature"} & set(args.only):
         preps["model-set"] = bench_data.prepare(sets["model-set"], data_root)
+    if "signature" in args.only:
+        ds, args.signature_public_key = bench_data.signed_copy(
+            sets["model-set"], "model-set-signed", data_root
+        )
+        preps["model-set-signed"] = bench_data.prepare(ds, data_root)
     if "processes" in args.only:
         shards = [p for p, _ in sets["model-set"].files if p.endswith(".safetensors")]
         for n in PROCESSES:

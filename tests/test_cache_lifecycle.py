@@ -271,7 +271,8 @@ def test_ls_lists_size_last_use_pin_state_and_verification_with_totals_against_t
     text = run("ls", env={"MODELSYNC_CACHE_MAX_BYTES": "100Mi"})
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0].split() == ["MODEL", "STATE", "SIZE", "LAST", "USED", "PINNED", "VERIFIED"]
+    header = ["MODEL", "STATE", "SIZE", "LAST", "USED", "PINNED", "VERIFIED", "SIGNED", "BY"]
+    assert lines[0].split() == header
     by_model = {line.split()[0]: line for line in lines[1:-1]}
     assert "3.0h ago" in by_model[old.name] or "3h ago" in by_model[old.name], by_model[old.name]
     assert " yes " in by_model[new.name] and " yes " not in by_model[old.name]

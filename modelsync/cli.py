@@ -158,7 +158,7 @@ def pull(
     from modelsync.engine.ready import warm_path
 
     usable_cache(settings)
-    path = warm_path(settings.cache_dir, ref)
+    path = warm_path(settings.cache_dir, ref, settings.requires_signature(ref))
     if path is not None and verify:
         path = _verify_warm(settings, ref)
     if path is None:

@@ -125,6 +125,10 @@ class Settings:
         )
         return resolve((default, *self.signature_rules), ref)
 
+    def requires_signature(self, ref: ModelRef) -> bool:
+        """Whether only a model whose signature was verified may be served as `ref`."""
+        return self.signature_rule(ref).mode is Mode.REQUIRED
+
 
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()

@@ -64,7 +64,7 @@ def try_warm_pull(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         settings = load_settings(flags, env, config_file_from(Path(config) if config else None, env))
         if not os.access(settings.cache_dir, os.W_OK):
             return None
-        path = warm_path(settings.cache_dir, ref)
+        path = warm_path(settings.cache_dir, ref, settings.requires_signature(ref))
     except (ModelsyncError, OSError):
         return None
     if path is not None:

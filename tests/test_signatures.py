@@ -589,6 +589,45 @@ def test_a_pull_with_signatures_off_never_imports_model_signing(
     assert "model_signing imported: False" in done.stderr
 
 
+def test_a_model_cached_before_the_policy_required_signatures_is_checked_before_it_is_served(
+    tmp_path: Path,
+    publish_dir: Callable[..., None],
+    keys: dict[str, KeyPair],
+    ref: ModelRef,
+    child_env: dict[str, str],
+) -> None:
+    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
+    cache = tmp_path / "cache"
+    assert cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}).returncode == 0
+    assert "signer" not in record_of(cache, ref)
+    shard = cache / ref.cache_path / "model-00002-of-00002.safetensors"
+    inode = shard.stat().st_ino
+
+    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+
+    assert done.returncode == 0, done.stderr
+    assert str(record_of(cache, ref)["signer"]).startswith("key release.pub.pem")
+    assert shard.stat().st_ino == inode, "the cached files were reused, not fetched again"
+
+
+def test_an_unsigned_model_cached_before_the_policy_is_not_served_under_required(
+    tmp_path: Path,
+    publish_dir: Callable[..., None],
+    keys: dict[str, KeyPair],
+    ref: ModelRef,
+    child_env: dict[str, str],
+) -> None:
+    publish_dir(write_dir(tmp_path / "src", model_files()))
+    cache = tmp_path / "cache"
+    assert cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}).returncode == 0
+
+    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+
+    lines = done.stderr.splitlines()
+    assert done.returncode == int(ExitCode.INTEGRITY) and done.stdout == ""
+    assert len(lines) == 1 and f"{ref.uri} is unsigned" in lines[0]
+
+
 # ---- verify --full re-checks the signature --------------------------------------------------
 
 

@@ -155,6 +155,9 @@ def pull(
     `protected` (model id -> reason) are models that making room must not evict.
     `refresh` checks a ready model against the source and, when its objects
     changed, pulls the new revision (reusing unchanged files) and swaps it in.
+    A ready model without a verified signature, under a policy that now requires
+    one, is checked again the same way: its files are reused (hard links), hashed,
+    and compared with the signature before it is swapped in.
     """
     started = time.monotonic()
     cache = Cache(settings.cache_dir)
@@ -168,12 +171,13 @@ def pull(
             # never serve it while it is repaired; the intact files stay, only the bad ones are fetched
             repair_ready(cache, ref, current, {p.path for p in damaged}, settings.part_size_bytes)
             current = None
-        if current is not None and not refresh:
+        unsigned = current is not None and current.signer is None and settings.requires_signature(ref)
+        if current is not None and not refresh and not unsigned:
             cache.touch(ref)
             return PullResult(cache.ready_path(ref), current.total_bytes, 0, 0.0, len(current.files))
         with open_catalog(cache) as catalog:
             note = ProgressNote(events, lock)
-            puller = _Puller(settings, cache, catalog, ref, note, protected, current)
+            puller = _Puller(settings, cache, catalog, ref, note, protected, current, recheck=unsigned)
             try:
                 path, plan = asyncio.run(_supervise(puller, cancel))
             finally:
@@ -226,6 +230,7 @@ class _Puller:
         events: PullEvents,
         protected: Mapping[str, str],
         current: CompletionRecord | None,
+        recheck: bool = False,
     ) -> None:
         self.settings = settings
         self.cache = cache
@@ -234,6 +239,8 @@ class _Puller:
         self.events = events
         self.protected = protected
         self.current = current
+        #: the ready revision must be checked again even when the source did not change
+        self.recheck = recheck
         self.aborted = False
         self.evicted: tuple[str, ...] = ()
         self.staging: Staging = cache.staging(ref)
@@ -254,7 +261,7 @@ class _Puller:
         async with open_s3(self.settings) as s3, self._data_plane():
             self.s3 = s3
             files = self.signature.select(await self._files())
-            if self.current is not None and _unchanged(self.current, files):
+            if self.current is not None and not self.recheck and _unchanged(self.current, files):
                 self.events.planned(len(files), self.current.total_bytes, 0)
                 return self.cache.ready_path(self.ref), plan_pull(files, self.settings.part_size_bytes, {})
             state = self.staging.journal.load()

@@ -70,10 +70,16 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
     return problems
 
 
-def warm_path(cache_dir: Path, ref: ModelRef) -> Path | None:
-    """The ready path when the model is complete and its files look intact, else None."""
+def warm_path(cache_dir: Path, ref: ModelRef, signed_only: bool = False) -> Path | None:
+    """The ready path when the model is complete and its files look intact, else None.
+
+    `signed_only` (the policy requires a signature) also refuses a model cached
+    without a verified one, so the pull checks it first.
+    """
     cache = Cache(cache_dir)
     record = cache.ready_record(ref)
-    if record is None or quick_check(cache.ready_path(ref), record):
+    if record is None or (signed_only and record.signer is None):
+        return None
+    if quick_check(cache.ready_path(ref), record):
         return None
     return cache.ready_path(ref)

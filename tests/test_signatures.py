@@ -159,11 +159,19 @@ def ref(bucket: str) -> ModelRef:
 
 
 @pytest.fixture
-def publish_dir(s3_env: S3Env, aws_credentials: S3Env, ref: ModelRef) -> Callable[..., None]:
-    """Publish a directory with the engine (as `modelsync publish` does), optionally signed."""
+def publish_dir(
+    tmp_path: Path, s3_env: S3Env, aws_credentials: S3Env, ref: ModelRef, keys: dict[str, KeyPair]
+) -> Callable[..., None]:
+    """Publish with the engine (as `modelsync publish` does): `files` (default: the model) written
+    to a source directory, or that directory as it is; signed with the release key unless
+    `signed=False`."""
 
-    def run(directory: Path, signing: SigningKey | None = None) -> None:
+    def run(files: dict[str, bytes] | None = None, signed: bool = True) -> None:
+        directory = tmp_path / "src"
+        if files is not None or not directory.exists():
+            write_dir(directory, model_files() if files is None else files)
         settings = Settings(endpoint_url=s3_env.endpoint_url, part_size_bytes=5 * MiB, concurrency=4)
+        signing = SigningKey(keys["release"].private) if signed else None
         asyncio.run(publish(settings, directory, ref, signing))
 
     return run
@@ -228,7 +236,7 @@ def test_a_model_signed_on_publish_verifies_is_published_and_ls_names_its_signer
     child_env: dict[str, str],
 ) -> None:
     files = model_files()
-    publish_dir(write_dir(tmp_path / "src", files), SigningKey(keys["release"].private))
+    publish_dir(files)
     cache = tmp_path / "cache"
     env = signed_env(child_env, cache, keys["release"].public)
 
@@ -332,7 +340,7 @@ def test_a_model_signed_by_the_model_signing_command_is_verified_by_pull(
         timeout=60,
     )
     assert signed.returncode == 0, signed.stdout + signed.stderr
-    publish_dir(src)  # unsigned publish: the existing model.sig is uploaded as it is
+    publish_dir(signed=False)  # unsigned publish: the existing model.sig is uploaded as it is
     cache = tmp_path / "cache"
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
@@ -405,38 +413,38 @@ def test_certificate_signing_verifies_against_the_chain_and_the_allowed_identity
 # ---- refusals under `required` -------------------------------------------------------------
 
 
-def test_a_tampered_file_with_a_manifest_to_match_is_refused_naming_the_file(
+@pytest.mark.parametrize(
+    ("changes", "mentions"),
+    [
+        pytest.param(
+            {"config.json": b'{"layers": 3}'},
+            ("config.json", "does not match the signature by key release.pub.pem"),
+            id="a tampered file",
+        ),
+        pytest.param(
+            {"extra/tokenizer.json": b"{}"},
+            ("extra/tokenizer.json", "is not listed in the signature"),
+            id="an extra unlisted file",
+        ),
+    ],
+)
+def test_a_file_the_signature_does_not_vouch_for_is_refused_naming_it_even_with_a_manifest_to_match(
     tmp_path: Path,
     publish_dir: Callable[..., None],
     keys: dict[str, KeyPair],
     ref: ModelRef,
     child_env: dict[str, str],
     s3_client: BaseClient,
+    changes: dict[str, bytes],
+    mentions: tuple[str, ...],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
-    rewrite_manifest(s3_client, ref, {"config.json": b'{"layers": 3}'})
+    publish_dir()
+    rewrite_manifest(s3_client, ref, changes)
     cache = tmp_path / "cache"
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
 
-    assert_refused(done, cache, ref, "config.json", "does not match the signature by key release.pub.pem")
-
-
-def test_an_extra_file_the_signature_does_not_list_is_refused_naming_it(
-    tmp_path: Path,
-    publish_dir: Callable[..., None],
-    keys: dict[str, KeyPair],
-    ref: ModelRef,
-    child_env: dict[str, str],
-    s3_client: BaseClient,
-) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
-    rewrite_manifest(s3_client, ref, {"extra/tokenizer.json": b"{}"})
-    cache = tmp_path / "cache"
-
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
-
-    assert_refused(done, cache, ref, "extra/tokenizer.json", "is not listed in the signature")
+    assert_refused(done, cache, ref, *mentions)
 
 
 @pytest.mark.parametrize("swap", ["signed by an untrusted key", "a trusted signature of another model"])
@@ -450,7 +458,7 @@ def test_a_swapped_signature_is_refused(
     swap: str,
 ) -> None:
     files = model_files()
-    publish_dir(write_dir(tmp_path / "src", files), SigningKey(keys["release"].private))
+    publish_dir(files)
     other = dict(files, **{"config.json": b'{"layers": 99}'})
     signer = keys["attacker"] if swap.startswith("signed by") else keys["release"]
     publish_other = tmp_path / "other"
@@ -488,7 +496,7 @@ def test_an_unsigned_model_under_required_is_refused_before_any_download(
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()))
+    publish_dir(signed=False)
     cache = tmp_path / "cache"
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
@@ -505,7 +513,7 @@ def test_if_present_pulls_an_unsigned_model_and_records_no_signer(
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()))
+    publish_dir(signed=False)
     cache = tmp_path / "cache"
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public, "if-present"))
@@ -521,7 +529,7 @@ def test_a_rule_for_a_prefix_overrides_the_global_policy(
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()))
+    publish_dir(signed=False)
     cache = tmp_path / "cache"
     config = tmp_path / "modelsync.toml"
     config.write_text(
@@ -543,7 +551,7 @@ def test_a_required_signature_without_the_sign_extra_is_one_line_before_any_down
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
+    publish_dir()
     cache = tmp_path / "cache"
     hide_library = (
         "import sys\nsys.modules['model_signing'] = None\nfrom modelsync.__main__ import main\nmain()\n"
@@ -573,7 +581,7 @@ def test_a_pull_with_signatures_off_never_imports_model_signing(
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
+    publish_dir()
     report = (
         "import sys\nfrom modelsync.__main__ import main\ntry:\n    main()\nfinally:\n"
         "    sys.stderr.write('model_signing imported: %s\\n' % ('model_signing' in sys.modules))\n"
@@ -596,7 +604,7 @@ def test_a_model_cached_before_the_policy_required_signatures_is_checked_before_
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
+    publish_dir()
     cache = tmp_path / "cache"
     assert cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}).returncode == 0
     assert "signer" not in record_of(cache, ref)
@@ -617,7 +625,7 @@ def test_an_unsigned_model_cached_before_the_policy_is_not_served_under_required
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()))
+    publish_dir(signed=False)
     cache = tmp_path / "cache"
     assert cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}).returncode == 0
 
@@ -638,7 +646,7 @@ def test_verify_full_quarantines_a_cached_model_whose_bytes_and_record_were_both
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:
-    publish_dir(write_dir(tmp_path / "src", model_files()), SigningKey(keys["release"].private))
+    publish_dir()
     cache = tmp_path / "cache"
     env = signed_env(child_env, cache, keys["release"].public)
     assert cli(["pull", ref.uri, "-q"], env).returncode == 0
@@ -673,7 +681,7 @@ def test_a_shard_with_a_corrupted_header_is_caught_by_the_pull_naming_the_file(
     broken = bytearray(files["model-00002-of-00002.safetensors"])
     broken[8:12] = b"{{{{"  # the JSON header no longer parses
     files["model-00002-of-00002.safetensors"] = bytes(broken)
-    publish_dir(write_dir(tmp_path / "src", files))  # a consistent manifest for a broken file
+    publish_dir(files, signed=False)  # a consistent manifest for a broken file
     cache = tmp_path / "cache"
 
     done = cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)})
@@ -689,7 +697,7 @@ def test_a_shard_truncated_at_a_tensor_boundary_with_its_manifest_rewritten_is_c
     s3_client: BaseClient,
 ) -> None:
     files = model_files()
-    publish_dir(write_dir(tmp_path / "src", files))
+    publish_dir(files, signed=False)
     first = files["model-00001-of-00002.safetensors"]
     head, _ = header_bytes([("a", "BF16", [512, 1024]), ("b", "F32", [1024])])
     truncated = first[: len(head) + 512 * 1024 * 2]  # tensor "b" is gone, the header still names it
@@ -708,7 +716,7 @@ def test_verify_full_scrubs_headers_and_quarantines_a_model_published_broken_bef
     child_env: dict[str, str],
 ) -> None:
     files = model_files()
-    publish_dir(write_dir(tmp_path / "src", files))
+    publish_dir(files, signed=False)
     cache = tmp_path / "cache"
     env = {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}
     assert cli(["pull", ref.uri, "-q"], env).returncode == 0

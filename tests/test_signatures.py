@@ -190,10 +190,15 @@ def rewrite_manifest(s3_client: BaseClient, ref: ModelRef, changes: dict[str, by
     s3_client.put_object(Bucket=ref.bucket, Key=manifest_key, Body=render_manifest(entries.values()))
 
 
-def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "modelsync", *args], env=env, capture_output=True, text=True, timeout=90
-    )
+def model_signing(*args: str) -> subprocess.CompletedProcess[str]:
+    """The reference `model_signing` command, unchanged."""
+    return subprocess.run([str(MODEL_SIGNING), *args], capture_output=True, text=True, timeout=60)
+
+
+def cli(args: list[str], env: dict[str, str], code: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child process; `code` runs instead of `-m modelsync` (it must call main())."""
+    start = [sys.executable, "-c", code] if code else [sys.executable, "-m", "modelsync"]
+    return subprocess.run([*start, *args], env=env, capture_output=True, text=True, timeout=90)
 
 
 def signed_env(
@@ -281,37 +286,25 @@ def test_the_model_signing_command_verifies_what_publish_signed_both_in_the_cach
     assert (copy / MANIFEST_NAME).exists()
 
     for model in (cache / ref.cache_path, copy):
-        checked = subprocess.run(
-            [
-                str(MODEL_SIGNING),
-                "verify",
-                "key",
-                str(model),
-                "--signature",
-                str(model / SIG),
-                "--public_key",
-                str(keys["release"].public),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        checked = model_signing(
+            "verify",
+            "key",
+            str(model),
+            "--signature",
+            str(model / SIG),
+            "--public_key",
+            str(keys["release"].public),
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "Verification succeeded" in checked.stdout
-    wrong_key = subprocess.run(
-        [
-            str(MODEL_SIGNING),
-            "verify",
-            "key",
-            str(copy),
-            "--signature",
-            str(copy / SIG),
-            "--public_key",
-            str(keys["attacker"].public),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    wrong_key = model_signing(
+        "verify",
+        "key",
+        str(copy),
+        "--signature",
+        str(copy / SIG),
+        "--public_key",
+        str(keys["attacker"].public),
     )
     assert wrong_key.returncode != 0, "the reference verifier must refuse another key"
 
@@ -324,20 +317,8 @@ def test_a_model_signed_by_the_model_signing_command_is_verified_by_pull(
     child_env: dict[str, str],
 ) -> None:
     src = write_dir(tmp_path / "src", model_files())
-    signed = subprocess.run(
-        [
-            str(MODEL_SIGNING),
-            "sign",
-            "key",
-            str(src),
-            "--private_key",
-            str(keys["release"].private),
-            "--signature",
-            str(src / SIG),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    signed = model_signing(
+        "sign", "key", str(src), "--private_key", str(keys["release"].private), "--signature", str(src / SIG)
     )
     assert signed.returncode == 0, signed.stdout + signed.stderr
     publish_dir(signed=False)  # unsigned publish: the existing model.sig is uploaded as it is
@@ -392,20 +373,14 @@ def test_certificate_signing_verifies_against_the_chain_and_the_allowed_identity
     assert done.returncode == 0, done.stderr
     assert record_of(cache, ref)["signer"] == "certificate release@example.com"
     ready = cache / ref.cache_path
-    checked = subprocess.run(
-        [
-            str(MODEL_SIGNING),
-            "verify",
-            "certificate",
-            str(ready),
-            "--signature",
-            str(ready / SIG),
-            "--certificate_chain",
-            str(certs.ca),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    checked = model_signing(
+        "verify",
+        "certificate",
+        str(ready),
+        "--signature",
+        str(ready / SIG),
+        "--certificate_chain",
+        str(certs.ca),
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -463,20 +438,18 @@ def test_a_swapped_signature_is_refused(
     signer = keys["attacker"] if swap.startswith("signed by") else keys["release"]
     publish_other = tmp_path / "other"
     write_dir(publish_other, other)
-    subprocess.run(
-        [
-            str(MODEL_SIGNING),
+    other_sig = publish_other / SIG
+    assert (
+        model_signing(
             "sign",
             "key",
             str(publish_other),
             "--private_key",
             str(signer.private),
             "--signature",
-            str(publish_other / SIG),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
+            str(other_sig),
+        ).returncode
+        == 0
     )
     rewrite_manifest(s3_client, ref, {SIG: (publish_other / SIG).read_bytes()})
     cache = tmp_path / "cache"
@@ -557,13 +530,7 @@ def test_a_required_signature_without_the_sign_extra_is_one_line_before_any_down
         "import sys\nsys.modules['model_signing'] = None\nfrom modelsync.__main__ import main\nmain()\n"
     )
 
-    done = subprocess.run(
-        [sys.executable, "-c", hide_library, "pull", ref.uri, "-q"],
-        env=signed_env(child_env, cache, keys["release"].public),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public), hide_library)
 
     lines = done.stderr.splitlines()
     assert done.returncode == int(ExitCode.USAGE), done.stderr
@@ -586,13 +553,7 @@ def test_a_pull_with_signatures_off_never_imports_model_signing(
         "import sys\nfrom modelsync.__main__ import main\ntry:\n    main()\nfinally:\n"
         "    sys.stderr.write('model_signing imported: %s\\n' % ('model_signing' in sys.modules))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", report, "pull", ref.uri, "-q"],
-        env={**child_env, "MODELSYNC_CACHE_DIR": str(tmp_path / "cache")},
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    done = cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(tmp_path / "cache")}, report)
     assert done.returncode == 0, done.stderr
     assert "model_signing imported: False" in done.stderr
 

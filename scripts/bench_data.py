@@ -276,7 +276,7 @@ def signed_copy(src: DataSet, name: str, data_root: Path) -> tuple[DataSet, Path
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from modelsync.adapters.oms import sign_bundle
+    from modelsync.adapters.oms import Signer
     from modelsync.core.signature import DEFAULT_SIGNATURE_NAME as SIG
 
     digests = _load_marker(src, data_root)
@@ -303,7 +303,7 @@ def signed_copy(src: DataSet, name: str, data_root: Path) -> tuple[DataSet, Path
     for path, _size in src.files:
         with open(model_dir / path, "rb") as f:
             sha256s.append((path, hashlib.file_digest(f, "sha256").hexdigest()))
-    bundle = sign_bundle(PREFIX, sha256s, (SIG, MANIFEST_NAME), private)
+    bundle = Signer(private).sign(PREFIX, sha256s, (SIG, MANIFEST_NAME))
     sig.write_bytes(bundle)
     ds = DataSet(name, (*src.files, (SIG, len(bundle))))
     _write_marker(ds, data_root, {**digests, SIG: xxhash.xxh3_128_hexdigest(bundle)})

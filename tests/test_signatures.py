@@ -309,6 +309,19 @@ def test_the_model_signing_command_verifies_what_publish_signed_both_in_the_cach
     assert wrong_key.returncode != 0, "the reference verifier must refuse another key"
 
 
+def test_publish_with_an_unusable_key_fails_in_one_line_before_uploading_anything(
+    tmp_path: Path, keys: dict[str, KeyPair], ref: ModelRef, child_env: dict[str, str], s3_client: BaseClient
+) -> None:
+    src = write_dir(tmp_path / "src", model_files())
+
+    done = cli(["publish", str(src), ref.uri, "--sign-key", str(keys["release"].public)], child_env)
+
+    lines = done.stderr.splitlines()
+    assert done.returncode == int(ExitCode.USAGE), done.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot sign with {keys['release'].public}: ")
+    assert s3_client.list_objects_v2(Bucket=ref.bucket).get("KeyCount") == 0
+
+
 def test_a_model_signed_by_the_model_signing_command_is_verified_by_pull(
     tmp_path: Path,
     publish_dir: Callable[..., None],

@@ -132,21 +132,32 @@ def _certificate_signer(der: bytes) -> tuple[str, frozenset[str]]:
     return f"certificate {shown}", frozenset(names)
 
 
-def sign_bundle(
-    model_name: str,
-    sha256s: Sequence[tuple[str, str]],
-    ignore_paths: Sequence[str],
-    private_key: Path,
-    certificate: Path | None = None,
-    certificate_chain: Sequence[Path] = (),
-) -> bytes:
-    """A bundle over `(path, hex SHA-256)` pairs, as `model_signing sign key|certificate` makes."""
-    require_library()
-    from model_signing import manifest as oms_manifest
-    from model_signing._hashing import hashing as oms_hashing
-    from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore_pb, signing
+class Signer:
+    """A loaded signing key (and certificate): made before a publish uploads anything, so a
+    wrong key, password or certificate fails first, not after the upload."""
 
-    try:
+    def __init__(
+        self, private_key: Path, certificate: Path | None = None, certificate_chain: Sequence[Path] = ()
+    ) -> None:
+        require_library()
+        from model_signing._signing import sign_certificate, sign_ec_key
+
+        what = f"{private_key} and {certificate}" if certificate is not None else str(private_key)
+        try:
+            self._signer = (
+                sign_certificate.Signer(private_key, certificate, certificate_chain)
+                if certificate is not None
+                else sign_ec_key.Signer(private_key)
+            )
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"cannot sign with {what}: {str(exc).splitlines()[0]}") from None
+
+    def sign(self, model_name: str, sha256s: Sequence[tuple[str, str]], ignore_paths: Sequence[str]) -> bytes:
+        """A bundle over `(path, hex SHA-256)` pairs, as `model_signing sign key|certificate` makes."""
+        from model_signing import manifest as oms_manifest
+        from model_signing._hashing import hashing as oms_hashing
+        from model_signing._signing import sign_sigstore_pb, signing
+
         serialization = oms_manifest.SerializationType.from_args(
             {
                 "method": "files",
@@ -160,14 +171,6 @@ def sign_bundle(
             for path, digest in sha256s
         ]
         payload = signing.Payload(oms_manifest.Manifest(model_name, items, serialization))
-        signer = (
-            sign_certificate.Signer(private_key, certificate, certificate_chain)
-            if certificate is not None
-            else sign_ec_key.Signer(private_key)
-        )
-        signature = cast(sign_sigstore_pb.Signature, signer.sign(payload))  # what these signers make
+        signature = cast(sign_sigstore_pb.Signature, self._signer.sign(payload))  # what these signers make
         bundle_json: str = signature.bundle.to_json()
-    except (OSError, ValueError, TypeError) as exc:
-        what = f"{private_key} and {certificate}" if certificate is not None else str(private_key)
-        raise UsageError(f"cannot sign with {what}: {str(exc).splitlines()[0]}") from None
-    return bundle_json.encode()
+        return bundle_json.encode()

@@ -530,6 +530,21 @@ def test_a_rule_for_a_prefix_overrides_the_global_policy(
     assert_refused(cli(["pull", ref.uri, "-q"], env), cache, ref, "is unsigned")
 
 
+def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_naming_it(
+    tmp_path: Path, publish_dir: Callable[..., None], ref: ModelRef, child_env: dict[str, str]
+) -> None:
+    publish_dir()
+    cache = tmp_path / "cache"
+    missing = tmp_path / "nowhere.pub.pem"
+
+    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, missing))
+
+    lines = done.stderr.splitlines()
+    assert done.returncode == int(ExitCode.USAGE), done.stderr
+    assert len(lines) == 1 and f"cannot read {missing}" in lines[0]
+    assert not (cache / ref.cache_path).exists()
+
+
 def test_a_required_signature_without_the_sign_extra_is_one_line_before_any_download(
     tmp_path: Path,
     publish_dir: Callable[..., None],

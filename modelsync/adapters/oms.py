@@ -48,6 +48,11 @@ def _foreign_errors(what: str) -> Iterator[None]:
         yield
     except (ModuleNotFoundError, ImportError) as exc:
         raise UsageError(f"model-signing is not usable ({exc}); pip install 'modelsync[sign]'") from None
+    except OSError as exc:  # a trusted key or chain named in the settings cannot be read
+        raise UsageError(
+            f"cannot read {exc.filename or 'a trust file'}: {exc.strerror or exc}; "
+            "check the signature settings"
+        ) from None
     except Exception as exc:  # the foreign boundary: any failure there means "not verified"
         detail = (str(exc) or type(exc).__name__).splitlines()[0][:300]
         raise UntrustedSignatureError(f"{what} ({detail})") from None

@@ -84,7 +84,7 @@ def verify_bundle(signature_path: Path, trust: Trust, origin: str) -> SignedMode
     failures = []
     for key in trust.public_keys:
         try:
-            with _foreign_errors(f"{origin} does not verify with {key}"):
+            with _foreign_errors(key):
                 manifest = sign_ec_key.Verifier(Path(key)).verify(signature)
         except SignatureError as exc:
             failures.append(str(exc))
@@ -95,7 +95,8 @@ def verify_bundle(signature_path: Path, trust: Trust, origin: str) -> SignedMode
     if not failures:
         raise UntrustedSignatureError(f"{origin} is signed with a key, but no public key is trusted")
     raise UntrustedSignatureError(
-        f"{origin} is not signed by a trusted key ({len(failures)} tried; {failures[-1]})"
+        f"{origin} is not signed by a trusted key (tried {'; '.join(failures)}); "
+        "sign it with a trusted key, or trust its key in signature_public_keys"
     )
 
 

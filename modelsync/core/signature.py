@@ -160,26 +160,29 @@ def check_identity(signed: SignedModel, trust: Trust) -> None:
     if trust.identities and not signed.names & set(trust.identities):
         raise UntrustedSignatureError(
             f"signed by {signed.signer}, which is not an allowed identity "
-            f"({', '.join(trust.identities)})"
+            f"({', '.join(trust.identities)}); allow it in signature_identities or sign as one of them"
         )
 
 
 def check_contents(signed: SignedModel, sha256s: Mapping[str, str], signature_name: str) -> None:
     """Every file (but the signature and what it ignores) is listed with its digest, and none is missing."""
+    hint = "; the bucket does not hold what was signed: republish the model and sign it again"
     for path in sorted(sha256s):
         if path == signature_name or _ignored(path, signed.ignore_paths):
             continue
         expected = signed.digests.get(path)
         if expected is None:
-            raise SignedContentError(f"{path} is not listed in the signature by {signed.signer}")
+            raise SignedContentError(f"{path} is not listed in the signature by {signed.signer}{hint}")
         if sha256s[path] != expected:
             raise SignedContentError(
                 f"{path} does not match the signature by {signed.signer} "
-                f"(SHA-256 {sha256s[path]}, signed {expected})"
+                f"(SHA-256 {sha256s[path]}, signed {expected}){hint}"
             )
     missing = sorted(set(signed.digests) - set(sha256s))
     if missing:
-        raise SignedContentError(f"{missing[0]} is signed by {signed.signer} but missing from the model")
+        raise SignedContentError(
+            f"{missing[0]} is signed by {signed.signer} but missing from the model{hint}"
+        )
 
 
 def _ignored(path: str, ignore_paths: tuple[str, ...]) -> bool:

@@ -296,7 +296,7 @@ class _Puller:
             file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
             with first_error():
                 async with asyncio.TaskGroup() as tg:
-                    for work in plan.files:
+                    for work in self.signature.ordered(plan.files):
                         await file_slots.acquire()
                         known = state.files.get(work.file.path) == (
                             work.file.etag,

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from modelsync.adapters import fs
 from modelsync.adapters.digest import hash_fd
-from modelsync.core.parts import RemoteFile
+from modelsync.core.parts import FileWork, RemoteFile
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef
 from modelsync.core.signature import Mode, SignatureRule, SignedModel, check_contents, check_identity
@@ -37,8 +37,8 @@ class SignatureCheck:
         self._signed: SignedModel | None = None
 
     def select(self, files: list[RemoteFile]) -> list[RemoteFile]:
-        """The files with the signature first (so a bad one fails early); refuses an unsigned model
-        under `required`, before any byte is fetched."""
+        """The model's files, after refusing an unsigned one under `required` (before any byte is
+        fetched) and noting whether there is a signature to check."""
         if self.rule.mode is Mode.OFF:
             return files
         signature = [f for f in files if f.path == self.name]
@@ -53,7 +53,11 @@ class SignatureCheck:
 
         require_library()
         self.active = True
-        return signature + [f for f in files if f.path != self.name]
+        return files
+
+    def ordered(self, works: Iterable[FileWork]) -> list[FileWork]:
+        """The signature's file first, so a bad signature fails the pull before the weights arrive."""
+        return sorted(works, key=lambda w: w.file.path != self.name)
 
     def signed(self, staging_dir: Path) -> SignedModel:
         """The verified signature (blocking: reads the staged bundle and checks it once)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import os
 import stat
 import time
@@ -89,11 +88,8 @@ def verify(
         if view.state != READY:
             continue
         ref = parse_model_name(view.model)
-        deep = None
-        if full:
-            rule = signatures(ref) if signatures is not None else SignatureRule("", Mode.OFF)
-            deep = functools.partial(full_recheck, ref, rule=rule, signature_name=signature_name)
-        report.checks.append(_check_model(cache, catalog, ref, deep))
+        rule = signatures(ref) if signatures is not None and full else SignatureRule("", Mode.OFF)
+        report.checks.append(_check_model(cache, catalog, ref, full, rule, signature_name))
     report.leftovers = leftovers(cache)
     return report
 
@@ -102,9 +98,10 @@ def _check_model(
     cache: Cache,
     catalog: Catalog,
     ref: ModelRef,
-    deep: Callable[[Path, CompletionRecord], list[Problem]] | None,
+    full: bool,
+    rule: SignatureRule,
+    signature_name: str,
 ) -> ModelCheck:
-    """Quick (sizes) without `deep`; else `deep`: every byte, headers, signature."""
     lock = cache.lock(ref)
     if not lock.try_acquire():
         return ModelCheck(ref.model_id, (), busy=True)
@@ -113,7 +110,9 @@ def _check_model(
         if record is None:
             return ModelCheck(ref.model_id, (Problem("", "completion record missing"),))
         root = cache.ready_path(ref)
-        problems = deep(root, record) if deep is not None else quick_check(root, record)
+        problems = (
+            full_recheck(ref, root, record, rule, signature_name) if full else quick_check(root, record)
+        )
         problems += _strays(root, record)
         if not problems:
             now = time.time()

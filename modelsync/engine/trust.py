@@ -118,8 +118,8 @@ def full_recheck(
     problems += scrub(root, [(f.path, f.size) for f in record.files])
     if rule.mode is Mode.REQUIRED and signature_name not in paths:
         problems.append(Problem(signature_name, "missing, and the signature policy requires one"))
-    if not signed or sha256s is None:
-        return problems
+    if not signed or sha256s is None or any(p.path == signature_name for p in problems):
+        return problems  # a missing, resized or planted (symlinked) signature is reported already
     check = SignatureCheck(ref, rule, signature_name)
     try:
         verified = check.signed(root)

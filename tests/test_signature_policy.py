@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from modelsync.config import load_settings
 from modelsync.core.refs import parse_source
@@ -154,3 +156,20 @@ def test_allowed_identities_restrict_the_signer() -> None:
         UntrustedSignatureError, match=r"signed by key release.pem \(sha256:ab\), which is not"
     ):
         check_identity(SIGNED, Trust(public_keys=("k",), identities=("ops@example.com",)))
+
+
+PATHS = st.sampled_from(["a", "b/c", "d.bin", "e/f/g"])
+DIGESTS = st.sampled_from(["00", "11", "22"])
+
+
+@given(st.dictionaries(PATHS, DIGESTS, max_size=4), st.dictionaries(PATHS, DIGESTS, max_size=4))
+def test_contents_pass_exactly_when_the_pulled_files_are_the_signed_ones(
+    signed: dict[str, str], pulled: dict[str, str]
+) -> None:
+    model = SignedModel("key k", frozenset(), signed, ("model.sig",))
+    try:
+        check_contents(model, {**pulled, "model.sig": "ff"}, "model.sig")
+    except SignedContentError:
+        assert pulled != signed
+    else:
+        assert pulled == signed

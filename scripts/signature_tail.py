@@ -1,0 +1,75 @@
+"""Where a signed pull's extra time goes: in-process pulls of the benchmark's model set, unsigned
+and signed, interleaved, each reporting wall time, CPU time and the tail after the last byte
+landed (hashing that had not caught up with the download).
+
+A diagnostic beside `scripts/bench_curves.py --only signature` (which times whole processes and
+gives the medians): it needs that run's data (`--cache-dir`, default `.bench-cache`), and shows
+whether SHA-256 overlaps the transfer or queues behind it on this machine at this moment.
+
+    .venv/bin/python scripts/signature_tail.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchmark
+from nginx_endpoint import NginxEndpoint
+
+from modelsync.config import Settings
+from modelsync.core.refs import parse_source
+from modelsync.core.signature import Mode
+from modelsync.engine.events import NoEvents
+from modelsync.engine.pull import pull
+
+
+class LastByte(NoEvents):
+    """Remembers when the last bytes were written."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def fetched(self, n_bytes: int) -> None:
+        self.at = time.monotonic()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="scripts/signature_tail.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cache-dir", type=Path, default=benchmark.REPO / ".bench-cache")
+    ap.add_argument("--tmpfs-dir", type=Path, default=Path("/dev/shm"))
+    args = ap.parse_args()
+    data_root = args.cache_dir / "data" / "full"
+    public_key = data_root / "model-set-signed.pub.pem"
+    if not public_key.exists():
+        print("error: run scripts/bench_curves.py --only signature first (it makes the signed set)")
+        return 2
+    os.environ.update(benchmark.CREDENTIALS)
+    signed_policy = {"signature": Mode.REQUIRED, "signature_public_keys": (str(public_key),)}
+    with NginxEndpoint(data_root) as endpoint:
+        for rnd in range(1, args.rounds + 1):
+            for bucket, policy in (("model-set", {}), ("model-set-signed", signed_policy)):
+                dest = Path(tempfile.mkdtemp(prefix="signature-tail-", dir=args.tmpfs_dir))
+                try:
+                    settings = Settings(cache_dir=dest, endpoint_url=endpoint.url, **policy)  # type: ignore[arg-type]
+                    events = LastByte()
+                    wall, cpu = time.monotonic(), time.process_time()
+                    pull(settings, parse_source(f"s3://{bucket}/model/"), events)
+                    end = time.monotonic()
+                    print(f"round {rnd} {'signed  ' if policy else 'unsigned'} wall {end - wall:6.2f} s  "
+                          f"cpu {time.process_time() - cpu:5.2f} s  "
+                          f"tail after the last byte {end - events.at:5.2f} s  "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+                finally:
+                    benchmark.clear(dest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

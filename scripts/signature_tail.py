@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,18 +52,20 @@ def main() -> int:
         print("error: run scripts/bench_curves.py --only signature first (it makes the signed set)")
         return 2
     os.environ.update(benchmark.CREDENTIALS)
-    signed_policy = {"signature": Mode.REQUIRED, "signature_public_keys": (str(public_key),)}
     with NginxEndpoint(data_root) as endpoint:
         for rnd in range(1, args.rounds + 1):
-            for bucket, policy in (("model-set", {}), ("model-set-signed", signed_policy)):
+            for bucket, signed in (("model-set", False), ("model-set-signed", True)):
                 dest = Path(tempfile.mkdtemp(prefix="signature-tail-", dir=args.tmpfs_dir))
                 try:
-                    settings = Settings(cache_dir=dest, endpoint_url=endpoint.url, **policy)  # type: ignore[arg-type]
+                    settings = Settings(cache_dir=dest, endpoint_url=endpoint.url)
+                    if signed:
+                        settings = replace(settings, signature=Mode.REQUIRED,
+                                           signature_public_keys=(str(public_key),))
                     events = LastByte()
                     wall, cpu = time.monotonic(), time.process_time()
                     pull(settings, parse_source(f"s3://{bucket}/model/"), events)
                     end = time.monotonic()
-                    print(f"round {rnd} {'signed  ' if policy else 'unsigned'} wall {end - wall:6.2f} s  "
+                    print(f"round {rnd} {'signed  ' if signed else 'unsigned'} wall {end - wall:6.2f} s  "
                           f"cpu {time.process_time() - cpu:5.2f} s  "
                           f"tail after the last byte {end - events.at:5.2f} s  "
                           f"load {os.getloadavg()[0]:.1f}", flush=True)

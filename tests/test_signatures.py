@@ -13,8 +13,9 @@ import datetime
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,10 @@ from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, parse_manifest, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME as SIG
+from modelsync.core.signature import Mode
+from modelsync.engine.events import NoEvents
 from modelsync.engine.publish import SigningKey, publish
+from modelsync.engine.pull import PullCancelledError, pull
 from modelsync.errors import ExitCode
 
 PREFIX = "org/llm/rev1/"
@@ -623,6 +627,47 @@ def test_an_unsigned_model_cached_before_the_policy_is_not_served_under_required
     lines = done.stderr.splitlines()
     assert done.returncode == int(ExitCode.INTEGRITY) and done.stdout == ""
     assert len(lines) == 1 and f"{ref.uri} is unsigned" in lines[0]
+
+
+class CancelAfterVerifying(NoEvents):
+    """Cancels the pull once `count` files are verified: an interrupted pull to resume."""
+
+    def __init__(self, cancel: threading.Event, count: int) -> None:
+        self.cancel, self.left = cancel, count
+
+    def verifying(self, path: str) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.cancel.set()
+
+
+def test_a_signed_pull_journals_each_verified_files_sha256_and_still_verifies_when_resumed(
+    tmp_path: Path,
+    publish_dir: Callable[..., None],
+    keys: dict[str, KeyPair],
+    ref: ModelRef,
+    s3_env: S3Env,
+    aws_credentials: S3Env,
+) -> None:
+    publish_dir()
+    settings = Settings(
+        cache_dir=tmp_path / "cache",
+        endpoint_url=s3_env.endpoint_url,
+        concurrency=2,
+        max_bandwidth_bytes_per_s=2 * MiB,
+        signature=Mode.REQUIRED,
+        signature_public_keys=(str(keys["release"].public),),
+    )
+    cancel = threading.Event()
+    with pytest.raises(PullCancelledError):
+        pull(settings, ref, CancelAfterVerifying(cancel, 2), cancel=cancel)
+    journal = Cache(settings.cache_dir).staging(ref).journal.path.read_text().splitlines()
+    assert any('"sha256"' in line for line in journal), journal
+
+    result = pull(replace(settings, max_bandwidth_bytes_per_s=0), ref, NoEvents())
+
+    assert result.fetched_bytes < result.total_bytes, "the resume kept what was fetched"
+    assert str(record_of(settings.cache_dir, ref)["signer"]).startswith("key release.pub.pem")
 
 
 # ---- verify --full re-checks the signature --------------------------------------------------

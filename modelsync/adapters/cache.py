@@ -57,6 +57,8 @@ class JournalState:
     files: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # path -> (etag, size, part size)
     parts: dict[str, set[int]] = field(default_factory=dict)
     verified: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (xxh3_128, verified_by)
+    #: SHA-256 of verified files, when the pull checked a signature (so a resume need not re-read them)
+    sha256s: dict[str, str] = field(default_factory=dict)
 
     def done_parts(self) -> dict[tuple[str, str], frozenset[int]]:
         return {
@@ -99,10 +101,13 @@ class Journal:
                 state.files[path] = (rec["etag"], rec["size"], rec["part_size"])
                 state.parts[path] = set()
                 state.verified.pop(path, None)
+                state.sha256s.pop(path, None)
             elif "part" in rec and rec["part"] in state.parts:
                 state.parts[rec["part"]].add(rec["i"])
             elif "verified" in rec and rec["verified"] in state.files:
                 state.verified[rec["verified"]] = (rec["xxh3_128"], rec["by"])
+                if isinstance(rec.get("sha256"), str):
+                    state.sha256s[rec["verified"]] = rec["sha256"]
         return state
 
     def start(self, keep: bool) -> None:
@@ -121,8 +126,11 @@ class Journal:
     def part_written(self, path: str, index: int) -> None:
         self._append({"part": path, "i": index})
 
-    def file_verified(self, path: str, xxh3_128: str, verified_by: str) -> None:
-        self._append({"verified": path, "xxh3_128": xxh3_128, "by": verified_by})
+    def file_verified(self, path: str, xxh3_128: str, verified_by: str, sha256: str | None = None) -> None:
+        record: dict[str, object] = {"verified": path, "xxh3_128": xxh3_128, "by": verified_by}
+        if sha256 is not None:
+            record["sha256"] = sha256
+        self._append(record)
 
     def close(self) -> None:
         if self._fd is not None:

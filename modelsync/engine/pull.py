@@ -276,6 +276,7 @@ class _Puller:
             self.verified = {
                 path: v for path, v in state.verified.items() if state.files[path][0] == etags[path]
             }
+            self.sha256s = {path: h for path, h in state.sha256s.items() if path in self.verified}
             linked = self._link_copies(plan, state)
             needed = sum(
                 w.file.size_bytes
@@ -547,7 +548,7 @@ class _Puller:
         if digest.sha256 is not None:
             self.sha256s[f.path] = digest.sha256
         self.fetched[f.path] = f
-        self.staging.journal.file_verified(f.path, digest.xxh3_128, verified_by)
+        self.staging.journal.file_verified(f.path, digest.xxh3_128, verified_by, digest.sha256)
 
     async def _md5_part_bytes(self, f: RemoteFile) -> int | None:
         """How to slice the file for an ETag check, or None when the ETag proves nothing."""

@@ -3,9 +3,10 @@
 The signature policy (core/signature.py) decides whether the model's `model.sig`
 is looked at. When it is, the pull hashes every file with SHA-256 as its parts
 land (adapters/digest.py) and this module compares those digests with the ones
-the verified signature lists; only files the pull did not download (hard-linked
-copies, files verified before a restart) are hashed here from disk. When it is
-not, nothing here costs anything and `model-signing` is never imported.
+the verified signature lists. A resumed pull takes the SHA-256s its journal kept;
+only files this pull neither downloaded nor journaled with one (hard-linked copies
+of cached files, a ready model checked again) are hashed here from disk. When the
+policy is off, nothing here costs anything and `model-signing` is never imported.
 """
 
 from __future__ import annotations

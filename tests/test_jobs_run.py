@@ -27,6 +27,7 @@ import pytest
 import yaml
 from support.kube import by_name, cluster, pod_spec, rendered_job
 from support.s3env import S3Env
+from support.safetensors import shard
 from test_daemon import payload, upload
 
 from modelsync.errors import ExitCode
@@ -137,8 +138,8 @@ def node(tmp_path: Path, moto_subprocess_s3_env: S3Env) -> Node:
     (deepseek,) = [m for m in schedule["models"] if m["name"] == "deepseek-v3"]
     bucket, _, prefix = deepseek["source"].removeprefix("s3://").partition("/")
     upload(moto_subprocess_s3_env, bucket, prefix, {
-        "model-00001-of-00002.safetensors": payload(3 * MiB, 1),
-        "model-00002-of-00002.safetensors": payload(MiB, 2),
+        "model-00001-of-00002.safetensors": SHARDS[0],
+        "model-00002-of-00002.safetensors": SHARDS[1],
         "config.json": b'{"architectures": ["DeepseekV3ForCausalLM"]}',
     })
     upload(moto_subprocess_s3_env, bucket, "unlisted/model/r1/", {"w.bin": payload(MiB, 3)})
@@ -155,6 +156,8 @@ def _schedule_text() -> str:
 
 
 STAGED = "models/deepseek-ai/DeepSeek-V3/2025-03-24"
+#: valid shards (random tensor bytes): every pull scrubs safetensors headers
+SHARDS = (shard(3 * MiB), shard(MiB))
 
 
 def test_the_jobs_run_as_rendered_prefetch_ls_verify_evict(node: Node) -> None:
@@ -166,7 +169,7 @@ def test_the_jobs_run_as_rendered_prefetch_ls_verify_evict(node: Node) -> None:
     prefetched = node.run(job("prefetch"))
     assert prefetched.returncode == 0, prefetched.stderr
     assert prefetched.stdout.strip().splitlines()[-1] == str(node.cache / STAGED)
-    assert (node.cache / STAGED / "model-00002-of-00002.safetensors").read_bytes() == payload(MiB, 2)
+    assert (node.cache / STAGED / "model-00002-of-00002.safetensors").read_bytes() == SHARDS[1]
 
     listed = node.run(job("ls"))
     assert listed.returncode == 0, listed.stderr

@@ -8,8 +8,9 @@
 #     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
 #     -t registry.example.internal/platform/modelsync:0.1.0 --push .
 #
-# Two stages: the build stage installs the locked dependencies
-# (requirements.lock: pinned versions and the wheel hashes of both
+# Two stages: the build stage installs the locked dependencies (modelsync's
+# runtime requirements and its `sign` extra, which verifies model signatures;
+# requirements.lock: pinned versions and the wheel hashes of both
 # architectures, so both resolve the same and nothing is compiled) and
 # modelsync into a virtualenv; the final stage copies that virtualenv onto the
 # same base with pip, setuptools and wheel removed.

@@ -3,7 +3,8 @@
     .venv/bin/python scripts/image_lock.py        # after changing dependencies in pyproject.toml
 
 The versions are those installed in this virtualenv (what the tests ran
-against), closed over modelsync's runtime requirements (no extras). For each
+against), closed over modelsync's runtime requirements and the extras the
+image ships (`IMAGE_EXTRAS`: `sign`, to verify model signatures). For each
 pin, pip downloads the CPython 3.11 wheel for linux/amd64 and linux/arm64, and
 the lock lists every hash: `pip install --require-hashes --only-binary=:all:`
 in the Dockerfile then resolves the same versions on both architectures, with
@@ -24,6 +25,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 ARCHES = ("x86_64", "aarch64")
 MANYLINUX = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
+#: modelsync's extras the image includes
+IMAGE_EXTRAS = ("sign",)
 
 
 def runtime_pins() -> dict[str, str]:
@@ -36,9 +39,10 @@ def runtime_pins() -> dict[str, str]:
         if name in pins:
             continue
         pins[name] = dist.version
+        extras = ("", *IMAGE_EXTRAS) if name == "modelsync" else ("",)
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is None or req.marker.evaluate(environment):
+            if req.marker is None or any(req.marker.evaluate({**environment, "extra": e}) for e in extras):
                 todo.append(req.name)
     del pins["modelsync"]
     return dict(sorted(pins.items()))

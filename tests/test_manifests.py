@@ -659,8 +659,13 @@ def test_the_lock_file_pins_every_dependency_with_hashes_for_both_architectures(
     hashes = {name.lower(): block.count("--hash=") for name, _, block in entries}
     for dep in ("aiobotocore", "aiohttp", "xxhash", "pyyaml", "typer", "croniter", "prometheus-client"):
         assert dep in hashes, dep
+    # The image verifies model signatures: the `sign` extra and what model-signing imports undeclared.
+    for dep in ("model-signing", "pyopenssl", "sigstore"):
+        assert dep in hashes, dep
     # Compiled wheels differ per architecture: one hash for amd64, one for arm64.
-    for compiled in ("aiohttp", "xxhash", "pyyaml", "multidict", "yarl", "frozenlist", "propcache"):
+    for compiled in (
+        "aiohttp", "xxhash", "pyyaml", "multidict", "yarl", "frozenlist", "propcache", "cryptography"
+    ):
         assert hashes[compiled] >= 2, compiled
     assert "moto" not in hashes and "boto3" not in hashes
 

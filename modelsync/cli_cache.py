@@ -48,11 +48,10 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
         views = catalog.views()
         use = budget_use(catalog.eviction_entries(views), budget)
     used = use.used_bytes
-    signers = {v.model: _signer(cache, v) for v in views}
     free = fs.free_bytes(settings.cache_dir)
     if as_json:
         doc = {
-            "models": [{**_as_dict(v), "signer": signers[v.model]} for v in views],
+            "models": [_as_dict(v) for v in views],
             "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},
         }
         typer.echo(json.dumps(doc, indent=1))
@@ -68,7 +67,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
                 _ago(v.last_used, now),
                 "yes" if v.pinned else "",
                 "failed" if v.state == "quarantined" else _ago(v.verified_at, now),
-                signers[v.model] or "",
+                v.signer or "",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -298,12 +297,6 @@ def gc(
     typer.echo(f"{verb} {plural(len(found), 'leftover')}")
 
 
-def _signer(cache: Cache, view: ModelView) -> str | None:
-    """Who signed the model, from its completion record (the index does not hold it)."""
-    record = cache.load_record(parse_model_name(view.model))
-    return record.signer if record is not None else None
-
-
 def _ago(at: float | None, now: float) -> str:
     if not at:
         return "never"
@@ -325,4 +318,5 @@ def _as_dict(v: ModelView) -> dict[str, object]:
         "verified_at": _iso(v.verified_at),
         "verified_by": v.verified_by,
         "lease_until": _iso(v.lease_until),
+        "signer": v.signer,
     }

@@ -24,7 +24,8 @@ from modelsync.adapters import fs
 from modelsync.core.record import CompletionRecord
 from modelsync.errors import DiskFullError, LocalStorageError
 
-SCHEMA_VERSION = 1
+#: 2: models.signer (who signed a model whose signature was verified)
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = """
@@ -36,7 +37,8 @@ CREATE TABLE models (
     files INTEGER NOT NULL,
     completed_at REAL NOT NULL,
     verified_at REAL,
-    verified_by TEXT NOT NULL
+    verified_by TEXT NOT NULL,
+    signer TEXT
 );
 CREATE TABLE files (
     model TEXT NOT NULL REFERENCES models(model) ON DELETE CASCADE,
@@ -66,6 +68,7 @@ class IndexedModel:
     completed_at: float
     verified_at: float | None
     verified_by: str
+    signer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,7 @@ class Index:
         with self.transaction():
             self._db.execute("DELETE FROM models WHERE model = ?", (model,))
             self._db.execute(
-                "INSERT INTO models VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO models VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     model,
                     record.source,
@@ -174,6 +177,7 @@ class Index:
                     record.completed_at,
                     record.completed_at,
                     record.verified_by,
+                    record.signer,
                 ),
             )
             self._db.executemany(

@@ -42,6 +42,8 @@ class ModelView:
     verified_at: float | None
     verified_by: str
     lease_until: float | None
+    #: who signed the model, when its signature was verified (from the completion record)
+    signer: str | None = None
 
 
 class Catalog:
@@ -161,6 +163,7 @@ class Catalog:
             verified_at=verified_at,
             verified_by=row.verified_by,
             lease_until=self.cache.lease_until(ref),
+            signer=row.signer,
         )
 
     def _pulls(self) -> list[tuple[ModelRef, int]]:

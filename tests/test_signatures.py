@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.s3env import S3Env
 from support.safetensors import header_bytes, safetensors_file
+from test_cli_errors import assert_user_error
 
 from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
@@ -218,15 +219,10 @@ def signed_env(
 
 def assert_refused(done: subprocess.CompletedProcess[str], cache: Path, ref: ModelRef, *mentions: str) -> str:
     """Exit 5, one `error:` line naming what is wrong, no traceback, nothing published."""
-    lines = done.stderr.splitlines()
-    assert done.returncode == int(ExitCode.INTEGRITY), done.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert "Traceback" not in done.stderr and done.stdout == ""
-    for text in mentions:
-        assert text in lines[0], lines[0]
+    line = assert_user_error(done, ExitCode.INTEGRITY, *mentions)
     assert not (cache / ref.cache_path).exists()
     assert not Cache(cache).record_path(ref).exists()
-    return lines[0]
+    return line
 
 
 def record_of(cache: Path, ref: ModelRef) -> dict[str, object]:
@@ -320,9 +316,7 @@ def test_publish_with_an_unusable_key_fails_in_one_line_before_uploading_anythin
 
     done = cli(["publish", str(src), ref.uri, "--sign-key", str(keys["release"].public)], child_env)
 
-    lines = done.stderr.splitlines()
-    assert done.returncode == int(ExitCode.USAGE), done.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"error: cannot sign with {keys['release'].public}: ")
+    assert_user_error(done, ExitCode.USAGE, f"error: cannot sign with {keys['release'].public}: ")
     assert s3_client.list_objects_v2(Bucket=ref.bucket).get("KeyCount") == 0
 
 
@@ -543,9 +537,7 @@ def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_naming_it(
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, missing))
 
-    lines = done.stderr.splitlines()
-    assert done.returncode == int(ExitCode.USAGE), done.stderr
-    assert len(lines) == 1 and f"cannot read {missing}" in lines[0]
+    assert_user_error(done, ExitCode.USAGE, f"cannot read {missing}")
     assert not (cache / ref.cache_path).exists()
 
 
@@ -564,12 +556,10 @@ def test_a_required_signature_without_the_sign_extra_is_one_line_before_any_down
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public), hide_library)
 
-    lines = done.stderr.splitlines()
-    assert done.returncode == int(ExitCode.USAGE), done.stderr
-    assert lines == [
+    assert assert_user_error(done, ExitCode.USAGE) == (
         "error: verifying or making model signatures needs the model-signing library: "
         "pip install 'modelsync[sign]'"
-    ]
+    )
     assert not (cache / ref.cache_path).exists()
 
 
@@ -624,9 +614,7 @@ def test_an_unsigned_model_cached_before_the_policy_is_not_served_under_required
 
     done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
 
-    lines = done.stderr.splitlines()
-    assert done.returncode == int(ExitCode.INTEGRITY) and done.stdout == ""
-    assert len(lines) == 1 and f"{ref.uri} is unsigned" in lines[0]
+    assert_user_error(done, ExitCode.INTEGRITY, f"{ref.uri} is unsigned")
 
 
 class CancelAfterVerifying(NoEvents):

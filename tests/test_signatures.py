@@ -265,7 +265,6 @@ def test_a_model_signed_on_publish_verifies_is_published_and_ls_names_its_signer
 
 def test_the_model_signing_command_verifies_what_publish_signed_both_in_the_cache_and_in_the_bucket(
     tmp_path: Path,
-    publish_dir: Callable[..., None],
     keys: dict[str, KeyPair],
     ref: ModelRef,
     child_env: dict[str, str],
@@ -566,7 +565,6 @@ def test_a_required_signature_without_the_sign_extra_is_one_line_before_any_down
 def test_a_pull_with_signatures_off_never_imports_model_signing(
     tmp_path: Path,
     publish_dir: Callable[..., None],
-    keys: dict[str, KeyPair],
     ref: ModelRef,
     child_env: dict[str, str],
 ) -> None:

@@ -217,15 +217,42 @@ def publish(
     part_size: PartSize = None,
     insecure: Insecure = False,
     quiet: Quiet = False,
+    sign_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign-key", metavar="KEY", help="Sign with this PEM EC private key (OpenSSF model signature)."
+        ),
+    ] = None,
+    sign_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign-cert", metavar="CERT", help="With --sign-key: the key's signing certificate (PEM)."
+        ),
+    ] = None,
+    sign_chain: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--sign-chain", metavar="CERT", help="With --sign-cert: a chain certificate (repeatable)."
+        ),
+    ] = None,
 ) -> None:
-    """Upload a model directory to an existing bucket; its modelsync.manifest.json is written last."""
+    """Upload a model directory to an existing bucket; its modelsync.manifest.json is written last.
+
+    With --sign-key, an OpenSSF model signature (model.sig, verifiable with the
+    model_signing command) is written beside the manifest.
+    """
     import asyncio
 
     from modelsync.core.units import format_bytes
+    from modelsync.engine.publish import SigningKey
     from modelsync.engine.publish import publish as run_publish
     from modelsync.progress import StderrProgress
 
     ref = parse_source(source)
+    if sign_key is None and (sign_cert is not None or sign_chain):
+        raise UsageError("--sign-cert and --sign-chain need --sign-key (the certificate's private key)")
+    if sign_cert is not None and not sign_chain:
+        raise UsageError("--sign-cert needs --sign-chain: the CA certificate(s) that issued it")
     settings = build_settings(
         None,
         endpoint_url,
@@ -235,17 +262,22 @@ def publish(
         part_size,
         None,
         insecure,
-        needed=S3_SETTINGS | {"concurrency", "part_size_bytes"},
+        needed=S3_SETTINGS | {"concurrency", "part_size_bytes", "signature_name"},
     )
+    signing = None
+    if sign_key is not None:
+        signing = SigningKey(sign_key, sign_cert, tuple(sign_chain or ()), settings.signature_name)
     progress = StderrProgress(ref.uri, quiet=quiet, verb="upload")
     try:
-        result = asyncio.run(run_publish(settings, directory, ref, progress))
+        result = asyncio.run(run_publish(settings, directory, ref, progress, signing))
     finally:
         progress.close()
     if not quiet:
         noun = "file" if result.files == 1 else "files"
+        signed = f", signed as {result.signature_key}" if result.signature_key else ""
         typer.echo(
-            f"published {result.files} {noun} ({format_bytes(result.total_bytes)}) to {ref.uri}", err=True
+            f"published {result.files} {noun} ({format_bytes(result.total_bytes)}) to {ref.uri}{signed}",
+            err=True,
         )
     typer.echo(ref.uri)
 

@@ -177,7 +177,7 @@ def publish_dir(
             write_dir(directory, model_files() if files is None else files)
         settings = Settings(endpoint_url=s3_env.endpoint_url, part_size_bytes=5 * MiB, concurrency=4)
         signing = SigningKey(keys["release"].private) if signed else None
-        asyncio.run(publish(settings, directory, ref, signing))
+        asyncio.run(publish(settings, directory, ref, signing=signing))
 
     return run
 

@@ -4,6 +4,10 @@ Readers take the manifest's presence to mean the upload finished, so it is
 written only after every file is uploaded, with each file's size, xxh3-128 and
 the ETag the store returned. Memory is bounded by `concurrency × part_size`:
 each in-flight part is read into memory once, then sent.
+
+With a signing key, the same hashing pass also computes each file's SHA-256, and
+an OpenSSF model signature (`model.sig`, a Sigstore bundle as `model_signing sign`
+makes) is uploaded after the files and before the manifest, which lists it.
 """
 
 from __future__ import annotations
@@ -12,17 +16,22 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from modelsync.adapters.digest import hash_fd
+from modelsync.adapters.digest import hash_fd, xxh3_of
 from modelsync.adapters.s3 import S3, open_s3
 from modelsync.config import Settings
 from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.parts import Part, plan_parts
 from modelsync.core.refs import ModelRef
+from modelsync.core.signature import DEFAULT_SIGNATURE_NAME
 from modelsync.engine.events import NoEvents, PullEvents
 from modelsync.engine.tasks import first_error
 from modelsync.errors import UsageError
+
+if TYPE_CHECKING:
+    from modelsync.adapters.oms import Signer
 
 #: S3 refuses multipart parts below 5 MiB (except the last)
 MIN_UPLOAD_PART_BYTES = 5 * 1024 * 1024
@@ -33,10 +42,25 @@ MAX_OPEN_FILES = 32
 class PublishResult:
     files: int
     total_bytes: int
+    #: the signature's key under the prefix, when the model was signed
+    signature_key: str | None = None
 
 
-def local_files(directory: Path) -> list[tuple[str, Path]]:
-    """Every regular file below `directory` as (relative key, path); symlinks are refused."""
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    """What `publish --sign-key` signs with: a PEM EC private key, and optionally its certificate."""
+
+    private_key: Path
+    certificate: Path | None = None
+    #: intermediates and root shipped in the bundle with the certificate
+    certificate_chain: tuple[Path, ...] = ()
+    #: the signature's file name under the prefix
+    signature_name: str = DEFAULT_SIGNATURE_NAME
+
+
+def local_files(directory: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, Path]]:
+    """Every regular file below `directory` as (relative key, path), but the manifest and `skip`;
+    symlinks are refused."""
     if not directory.is_dir():
         raise UsageError(f"{directory} is not a directory")
     found = []
@@ -48,7 +72,7 @@ def local_files(directory: Path) -> list[tuple[str, Path]]:
         for name in filenames:
             path = Path(dirpath, name)
             relative = path.relative_to(directory).as_posix()
-            if relative == MANIFEST_NAME:
+            if relative == MANIFEST_NAME or relative in skip:
                 continue
             safe_relative_path(relative)
             found.append((relative, path))
@@ -58,17 +82,32 @@ def local_files(directory: Path) -> list[tuple[str, Path]]:
 
 
 async def publish(
-    settings: Settings, directory: Path, ref: ModelRef, events: PullEvents | None = None
+    settings: Settings,
+    directory: Path,
+    ref: ModelRef,
+    events: PullEvents | None = None,
+    signing: SigningKey | None = None,
 ) -> PublishResult:
-    """Upload `directory` to `ref`; `events` hears the plan and every byte sent, as a pull's would."""
-    files = local_files(directory)
+    """Upload `directory` to `ref`, sign it when `signing` is given, and write the manifest last.
+
+    `events` hears the plan and every byte sent, as a pull's would. A signature
+    already in the directory is uploaded as it is, unless this publish signs:
+    then it is replaced by the new one.
+    """
+    signer = None
+    if signing is not None:
+        from modelsync.adapters.oms import Signer
+
+        signer = Signer(signing.private_key, signing.certificate, signing.certificate_chain)
+    skip = frozenset({signing.signature_name}) if signing is not None else frozenset()
+    files = local_files(directory, skip)
     window = asyncio.Semaphore(settings.concurrency)
     file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
     events = events or NoEvents()
 
-    async def upload(rel: str, path: Path) -> FileEntry:
+    async def upload(rel: str, path: Path) -> tuple[FileEntry, str | None]:
         async with file_slots:
-            return await _upload_file(s3, settings, window, ref, rel, path, events)
+            return await _upload_file(s3, settings, window, ref, rel, path, events, signing is not None)
 
     async with open_s3(settings) as s3:
         await s3.require_bucket(ref.bucket)
@@ -77,9 +116,28 @@ async def publish(
         with first_error():
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(upload(rel, path)) for rel, path in files]
-        entries = [t.result() for t in tasks]
+        entries = [t.result()[0] for t in tasks]
+        signature_key = None
+        if signing is not None and signer is not None:
+            sha256s = [(entry.path, sha256 or "") for entry, sha256 in (t.result() for t in tasks)]
+            entry = await _upload_signature(s3, ref, signing.signature_name, signer, sha256s)
+            signature_key = ref.prefix + entry.path
+            entries.append(entry)
         await s3.put_bytes(ref.bucket, ref.prefix + MANIFEST_NAME, render_manifest(entries))
-    return PublishResult(files=len(entries), total_bytes=sum(e.size for e in entries))
+    return PublishResult(
+        files=len(entries), total_bytes=sum(e.size for e in entries), signature_key=signature_key
+    )
+
+
+async def _upload_signature(
+    s3: S3, ref: ModelRef, name: str, signer: Signer, sha256s: list[tuple[str, str]]
+) -> FileEntry:
+    """Sign the uploaded files' digests and upload the bundle as `name`; its manifest entry."""
+    model_name = ref.prefix.rstrip("/").rpartition("/")[2]
+    # Ignored by verifiers that hash a downloaded prefix: the bundle itself and our manifest.
+    bundle = await asyncio.to_thread(signer.sign, model_name, sha256s, (name, MANIFEST_NAME))
+    etag = await s3.put_bytes(ref.bucket, ref.prefix + name, bundle)
+    return FileEntry(path=name, size=len(bundle), xxh3_128=xxh3_of(bundle), etag=etag)
 
 
 async def _upload_file(
@@ -90,12 +148,14 @@ async def _upload_file(
     rel: str,
     path: Path,
     events: PullEvents,
-) -> FileEntry:
+    sha256: bool = False,
+) -> tuple[FileEntry, str | None]:
+    """Upload one file; its manifest entry and, when asked, its SHA-256 from the same hashing pass."""
     key = ref.prefix + rel
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        digest = await asyncio.to_thread(hash_fd, fd, size)
+        digest = await asyncio.to_thread(hash_fd, fd, size, None, sha256)
         parts = plan_parts(size, max(settings.part_size_bytes, MIN_UPLOAD_PART_BYTES))
         if len(parts) <= 1:
             async with window:
@@ -106,7 +166,7 @@ async def _upload_file(
             etag = await _multipart(s3, window, ref.bucket, key, fd, parts, events)
     finally:
         os.close(fd)
-    return FileEntry(path=rel, size=size, xxh3_128=digest.xxh3_128, etag=etag)
+    return FileEntry(path=rel, size=size, xxh3_128=digest.xxh3_128, etag=etag), digest.sha256
 
 
 async def _multipart(

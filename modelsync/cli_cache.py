@@ -27,7 +27,7 @@ from modelsync.cli_common import (
     existing_cache,
     plural,
 )
-from modelsync.config import Settings
+from modelsync.config import CACHE_SETTINGS, SIGNATURE_SETTINGS, Settings
 from modelsync.core.eviction import EvictionPlan, budget_use, plan_named, plan_to_size, plan_unused
 from modelsync.core.refs import parse_model_name
 from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_size
@@ -206,7 +206,9 @@ def verify(
     if repair:  # a repair pulls, so it needs every setting; a check needs only the cache's
         settings = build_settings(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config)
     else:
-        settings = cache_settings(cache_dir, config)
+        # --full re-checks signatures: a bad policy must stop it, not silently turn it off
+        needed = CACHE_SETTINGS | SIGNATURE_SETTINGS if full else CACHE_SETTINGS
+        settings = build_settings(cache_dir=cache_dir, config=config, needed=needed)
     cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
         report = run_verify(cache, catalog, model, full, settings.signature_rule, settings.signature_name)

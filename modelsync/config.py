@@ -296,6 +296,17 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
 #: what the commands that only read or manage the cache use: a bad value of any other
 #: setting (say MODELSYNC_MAX_BANDWIDTH) must not stop `ls` or `evict`
 CACHE_SETTINGS = frozenset({"cache_dir", "cache_budget", "high_watermark", "low_watermark", "in_use_grace_s"})
+#: the signature policy and its trust (pull, and `verify --full`, which re-checks signatures)
+SIGNATURE_SETTINGS = frozenset(
+    {
+        "signature",
+        "signature_public_keys",
+        "signature_certificate_chain",
+        "signature_identities",
+        "signature_rules",
+        "signature_name",
+    }
+)
 #: what reaching S3 uses (publish needs these plus concurrency and part size)
 S3_SETTINGS = frozenset(
     {

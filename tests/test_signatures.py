@@ -688,6 +688,20 @@ def test_verify_full_quarantines_a_cached_model_whose_bytes_and_record_were_both
     assert not ready.exists(), "quarantined: no longer served"
 
 
+def test_a_bad_signature_policy_stops_verify_full_but_not_a_quick_verify(
+    tmp_path: Path, publish_dir: Callable[..., None], ref: ModelRef, child_env: dict[str, str]
+) -> None:
+    publish_dir(signed=False)
+    env = {**child_env, "MODELSYNC_CACHE_DIR": str(tmp_path / "cache")}
+    assert cli(["pull", ref.uri, "-q"], env).returncode == 0
+    env["MODELSYNC_SIGNATURE"] = "sometimes"
+
+    assert cli(["verify", ref.model_id], env).returncode == 0
+    done = cli(["verify", "--full", ref.model_id], env)
+
+    assert_user_error(done, ExitCode.USAGE, "MODELSYNC_SIGNATURE", "'sometimes' is not one of required")
+
+
 # ---- the safetensors scrub ------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from modelsync.core.signature import SignedModel, Trust
-from modelsync.errors import SignatureError, UntrustedSignatureError, UsageError
+from modelsync.errors import ConfigError, SignatureError, UntrustedSignatureError, UsageError
 
 HASH_TYPE = "sha256"
 
@@ -49,7 +49,7 @@ def _foreign_errors(what: str) -> Iterator[None]:
     except (ModuleNotFoundError, ImportError) as exc:
         raise UsageError(f"model-signing is not usable ({exc}); pip install 'modelsync[sign]'") from None
     except OSError as exc:  # a trusted key or chain named in the settings cannot be read
-        raise UsageError(
+        raise ConfigError(
             f"cannot read {exc.filename or 'a trust file'}: {exc.strerror or exc}; "
             "check the signature settings"
         ) from None

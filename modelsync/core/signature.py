@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from modelsync.core.refs import ModelRef
-from modelsync.errors import SignedContentError, UntrustedSignatureError, UsageError
+from modelsync.errors import ConfigError, SignedContentError, UntrustedSignatureError, UsageError
 
 DEFAULT_SIGNATURE_NAME = "model.sig"
 
@@ -92,7 +92,7 @@ def resolve(rules: tuple[SignatureRule, ...], ref: ModelRef) -> SignatureRule:
     identities = next((r.trust.identities for r in matching if r.trust.identities), ())
     rule = replace(rule, trust=replace(trust, identities=identities))
     if rule.mode is not Mode.OFF and not rule.trust.anchored:
-        raise UsageError(
+        raise ConfigError(
             f"signature policy {rule.mode} for {ref.uri} names no trusted public key or certificate "
             "chain; set signature_public_keys or signature_certificate_chain"
         )

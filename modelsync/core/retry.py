@@ -1,0 +1,291 @@
+"""How a pull reacts to each answer of the object store: pure policy, `now` as a parameter.
+
+Three pieces, each decided here once and used by both planes:
+
+- `classify`: what an S3 answer means (throttled, retry, re-presign, denied, ...),
+  from its status and S3 error code, never from its message text.
+- `backoff_s`: how long one part waits before its next attempt. Throttling waits
+  whole seconds (a floor), growing to a cap, with jitter so a pool of nodes does
+  not retry in step; `Retry-After` is honoured. Other transient failures retry
+  fast, as s3transfer does.
+- `SendGate`: one per store and process, paces the start of every request when
+  the store throttles, so all parts of all files slow down together; the allowed
+  rate then recovers gradually on successes, like the SDKs' adaptive retry mode.
+
+Expiry of a presigned URL is read from the URL's own `X-Amz-Date` and
+`X-Amz-Expires`, not guessed from an error message.
+"""
+
+from __future__ import annotations
+
+import calendar
+import collections
+import time
+from dataclasses import dataclass
+from enum import Enum
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = [
+    "RetryPolicy",
+    "SendGate",
+    "Verdict",
+    "backoff_s",
+    "classify",
+    "presigned_expiry",
+]
+
+
+class Verdict(Enum):
+    """What an answer of the store means for the request that got it."""
+
+    OK = "ok"
+    #: the store asks for less load: back off in seconds, slow every request down
+    THROTTLED = "throttled"
+    #: a failure that another attempt may not see (5xx, timeout)
+    RETRY = "retry"
+    #: the signature's credentials or the URL expired: presign again, then retry
+    EXPIRED = "expired"
+    DENIED = "denied"
+    NOT_FOUND = "not_found"
+    #: the object is not the version asked for (If-Match, range): restart the file
+    CHANGED = "changed"
+    #: the store points elsewhere: the endpoint or the region is wrong
+    REDIRECT = "redirect"
+    #: an answer that no retry will change (400, 501, 505, ...)
+    INVALID = "invalid"
+
+
+_THROTTLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "SlowDownRead",
+        "SlowDownWrite",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "RequestThrottledException",
+        "ProvisionedThroughputExceededException",
+        "BandwidthLimitExceeded",
+        "EC2ThrottledException",
+        "PriorRequestNotComplete",
+    }
+)
+_RETRY_CODES = frozenset({"InternalError", "RequestTimeout", "RequestTimeoutException", "OperationAborted"})
+_EXPIRED_CODES = frozenset({"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "RequestExpired"})
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "InvalidSecurity",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+_CHANGED_CODES = frozenset({"PreconditionFailed", "InvalidRange"})
+_REDIRECT_CODES = frozenset({"PermanentRedirect", "TemporaryRedirect", "Redirect"})
+#: 501 Not Implemented and 505 HTTP Version Not Supported: the same request never succeeds
+_NEVER_RETRIED_5XX = frozenset({501, 505})
+
+
+def classify(status: int, code: str | None = None, *, url_expired: bool = False) -> Verdict:
+    """The meaning of one answer: its S3 error code first, else its status.
+
+    `url_expired` says whether the presigned URL was past its `X-Amz-Expires` when
+    the store answered: S3 reports that as a plain AccessDenied.
+    """
+    if 200 <= status < 300:
+        return Verdict.OK
+    if code in _THROTTLE_CODES or status in (429, 503):
+        return Verdict.THROTTLED
+    if code in _EXPIRED_CODES:
+        return Verdict.EXPIRED
+    if code in _REDIRECT_CODES or status in (301, 302, 303, 307, 308):
+        return Verdict.REDIRECT
+    if code in _NOT_FOUND_CODES or status == 404:
+        return Verdict.NOT_FOUND
+    if code in _CHANGED_CODES or status in (412, 416):
+        return Verdict.CHANGED
+    if code in _DENIED_CODES or status in (401, 403):
+        return Verdict.EXPIRED if url_expired else Verdict.DENIED
+    if code in _RETRY_CODES or status == 408 or (status >= 500 and status not in _NEVER_RETRIED_5XX):
+        return Verdict.RETRY
+    return Verdict.INVALID
+
+
+# -- backoff --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long a part keeps trying, and how it spaces its attempts.
+
+    A part gives up when it has made no progress for `budget_s`, or after
+    `attempts` consecutive failures that were neither throttling nor progress
+    (a store that answers "slow down" for minutes is busy, not broken).
+    """
+
+    #: total time a part keeps retrying without progress
+    budget_s: float = 600.0
+    #: consecutive failures (not throttling) without a byte of progress before giving up
+    attempts: int = 5
+    #: the shortest wait after a throttled answer; doubles per failure up to `throttle_cap_s`
+    throttle_floor_s: float = 1.0
+    throttle_cap_s: float = 20.0
+    #: a Retry-After longer than this is clipped (a misconfigured store must not park a pull for hours)
+    retry_after_cap_s: float = 60.0
+    #: the first wait after a non-throttling failure; doubles up to `error_cap_s`
+    error_base_s: float = 0.1
+    error_cap_s: float = 5.0
+
+    def scaled(self, factor: float) -> RetryPolicy:
+        """The same shape with every wait multiplied by `factor`: how tests keep backoff short."""
+        return RetryPolicy(
+            budget_s=self.budget_s,
+            attempts=self.attempts,
+            throttle_floor_s=self.throttle_floor_s * factor,
+            throttle_cap_s=self.throttle_cap_s * factor,
+            retry_after_cap_s=self.retry_after_cap_s * factor,
+            error_base_s=self.error_base_s * factor,
+            error_cap_s=self.error_cap_s * factor,
+        )
+
+
+def backoff_s(
+    policy: RetryPolicy,
+    failures: int,
+    *,
+    throttled: bool,
+    retry_after_s: float | None = None,
+    jitter: float = 0.5,
+) -> float:
+    """The wait before attempt `failures + 1`, given `failures` >= 1 so far.
+
+    `jitter` in [0, 1) comes from the caller's random source. A throttled part
+    waits at least the floor and at most floor + the doubled ceiling; any other
+    failure waits a "full jitter" share of its doubled ceiling. A `Retry-After`
+    from the store is a lower bound on either.
+    """
+    if failures < 1:
+        raise ValueError("backoff_s is for after a failure")
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError("jitter must be in [0, 1)")
+    exponent = min(failures - 1, 30)
+    if throttled:
+        spread = min(policy.throttle_cap_s, policy.throttle_floor_s * 2.0**exponent)
+        wait = policy.throttle_floor_s + jitter * spread
+    else:
+        wait = jitter * min(policy.error_cap_s, policy.error_base_s * 2.0 ** (exponent + 1))
+    if retry_after_s is not None and retry_after_s > 0:
+        wait = max(wait, min(retry_after_s, policy.retry_after_cap_s))
+    return wait
+
+
+# -- the shared gate ------------------------------------------------------------------
+
+
+class SendGate:
+    """Paces request starts for one store, shared by every transfer of a process.
+
+    Unthrottled, the gate lets everything through at once. The first throttled
+    answer sets a send rate just below the rate that was measured over the last
+    `window_s`, and each further throttle (at most once per `decrease_every_s`, so
+    the burst of answers to one overload counts once) multiplies it by `beta`.
+    Successes raise the rate again, doubling every `doubling_s` of successful
+    traffic; once it passes `free_rate_per_s` the gate stops pacing. A
+    `Retry-After` holds every start until it has passed.
+
+    Not thread-safe by itself: the caller holds a lock around each call.
+    """
+
+    def __init__(
+        self,
+        *,
+        beta: float = 0.7,
+        min_rate_per_s: float = 0.5,
+        free_rate_per_s: float = 1000.0,
+        doubling_s: float = 2.0,
+        window_s: float = 2.0,
+        decrease_every_s: float = 0.5,
+        retry_after_cap_s: float = 60.0,
+    ) -> None:
+        if not 0 < beta < 1 or min_rate_per_s <= 0 or doubling_s <= 0 or window_s <= 0:
+            raise ValueError("beta in (0, 1); rates and times positive")
+        self._beta = beta
+        self._min_rate = min_rate_per_s
+        self._free_rate = free_rate_per_s
+        self._doubling_s = doubling_s
+        self._window_s = window_s
+        self._decrease_every_s = decrease_every_s
+        self._retry_after_cap_s = retry_after_cap_s
+        #: requests per second allowed to start; None: not paced
+        self.rate_per_s: float | None = None
+        self._next_start = 0.0
+        self._hold_until = 0.0
+        self._last_decrease = float("-inf")
+        self._last_raise = 0.0
+        self._starts: collections.deque[float] = collections.deque(maxlen=4096)
+
+    def reserve(self, now: float) -> float:
+        """Take a start slot; returns how long to wait before sending (0 when free)."""
+        start = max(now, self._hold_until)
+        if self.rate_per_s is not None:
+            start = max(start, self._next_start)
+            self._next_start = start + 1.0 / self.rate_per_s
+        self._starts.append(start)
+        return start - now
+
+    def throttled(self, now: float, retry_after_s: float | None = None) -> None:
+        """The store answered "slow down" at `now`."""
+        if retry_after_s is not None and retry_after_s > 0:
+            self._hold_until = max(self._hold_until, now + min(retry_after_s, self._retry_after_cap_s))
+        if now - self._last_decrease < self._decrease_every_s:
+            return
+        self._last_decrease = now
+        measured = self.measured_rate_per_s(now)
+        base = measured if self.rate_per_s is None else min(self.rate_per_s, max(measured, self._min_rate))
+        self.rate_per_s = max(self._min_rate, base * self._beta)
+        self._last_raise = now
+        self._next_start = max(self._next_start, now + 1.0 / self.rate_per_s)
+
+    def succeeded(self, now: float) -> None:
+        """A request finished well at `now`: let the rate recover a little."""
+        if self.rate_per_s is None:
+            return
+        elapsed = max(0.0, now - self._last_raise)
+        self._last_raise = now
+        self.rate_per_s *= 2.0 ** (elapsed / self._doubling_s)
+        if self.rate_per_s >= self._free_rate:
+            self.rate_per_s = None
+
+    def measured_rate_per_s(self, now: float) -> float:
+        """Requests started over the last `window_s`, per second."""
+        while self._starts and self._starts[0] < now - self._window_s:
+            self._starts.popleft()
+        return len(self._starts) / self._window_s
+
+
+# -- presigned URLs ------------------------------------------------------------------
+
+
+def presigned_expiry(url: str) -> float | None:
+    """When a SigV4-presigned URL stops being valid (epoch seconds), from its own query.
+
+    None when the URL carries no parseable `X-Amz-Date` / `X-Amz-Expires`.
+    """
+    query = parse_qs(urlsplit(url).query)
+    dates, lifetimes = query.get("X-Amz-Date"), query.get("X-Amz-Expires")
+    if not dates or not lifetimes or not lifetimes[0].isdigit():
+        return None
+    try:
+        signed = time.strptime(dates[0], "%Y%m%dT%H%M%SZ")
+    except ValueError:
+        return None
+    return float(calendar.timegm(signed) + int(lifetimes[0]))

@@ -1,0 +1,185 @@
+"""The pure retry policy: one classification of every answer, the backoff schedule, the shared gate."""
+
+from __future__ import annotations
+
+import calendar
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from modelsync.core.retry import RetryPolicy, SendGate, Verdict, backoff_s, classify, presigned_expiry
+
+POLICY = RetryPolicy()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "url_expired", "verdict"),
+    [
+        (200, None, False, Verdict.OK),
+        (206, None, False, Verdict.OK),
+        (503, "SlowDown", False, Verdict.THROTTLED),
+        (503, None, False, Verdict.THROTTLED),
+        (429, None, False, Verdict.THROTTLED),
+        (400, "Throttling", False, Verdict.THROTTLED),
+        (500, "InternalError", False, Verdict.RETRY),
+        (502, None, False, Verdict.RETRY),
+        (504, None, False, Verdict.RETRY),
+        (408, None, False, Verdict.RETRY),
+        (400, "RequestTimeout", False, Verdict.RETRY),
+        (501, "NotImplemented", False, Verdict.INVALID),
+        (505, None, False, Verdict.INVALID),
+        (400, "ExpiredToken", False, Verdict.EXPIRED),
+        (403, "ExpiredToken", False, Verdict.EXPIRED),
+        (403, "AccessDenied", True, Verdict.EXPIRED),
+        (403, "AccessDenied", False, Verdict.DENIED),
+        (403, "SignatureDoesNotMatch", False, Verdict.DENIED),
+        (403, None, False, Verdict.DENIED),
+        (404, "NoSuchKey", False, Verdict.NOT_FOUND),
+        (404, "NoSuchBucket", False, Verdict.NOT_FOUND),
+        (412, "PreconditionFailed", False, Verdict.CHANGED),
+        (416, "InvalidRange", False, Verdict.CHANGED),
+        (301, "PermanentRedirect", False, Verdict.REDIRECT),
+        (307, None, False, Verdict.REDIRECT),
+        (400, "InvalidArgument", False, Verdict.INVALID),
+        (400, "AuthorizationHeaderMalformed", False, Verdict.INVALID),
+    ],
+)
+def test_every_answer_is_classified_by_status_and_code(
+    status: int, code: str | None, url_expired: bool, verdict: Verdict
+) -> None:
+    assert classify(status, code, url_expired=url_expired) is verdict
+
+
+def test_a_message_mentioning_expiry_does_not_make_an_access_denied_expired() -> None:
+    # classify has no message parameter at all: only the URL's own expiry counts.
+    assert classify(403, "AccessDenied") is Verdict.DENIED
+
+
+@given(st.integers(1, 200), st.floats(0, 0.999))
+def test_throttled_backoff_never_goes_below_the_floor_nor_above_floor_plus_cap(
+    failures: int, jitter: float
+) -> None:
+    wait = backoff_s(POLICY, failures, throttled=True, jitter=jitter)
+    assert POLICY.throttle_floor_s <= wait <= POLICY.throttle_floor_s + POLICY.throttle_cap_s
+
+
+@given(st.integers(1, 200), st.floats(0, 0.999))
+def test_other_failures_wait_a_jittered_share_of_a_capped_ceiling(failures: int, jitter: float) -> None:
+    wait = backoff_s(POLICY, failures, throttled=False, jitter=jitter)
+    assert 0 <= wait <= POLICY.error_cap_s
+
+
+@given(st.integers(1, 50), st.booleans(), st.floats(0, 1000), st.floats(0, 0.999))
+def test_retry_after_is_a_lower_bound_clipped_to_its_cap(
+    failures: int, throttled: bool, retry_after_s: float, jitter: float
+) -> None:
+    wait = backoff_s(POLICY, failures, throttled=throttled, retry_after_s=retry_after_s, jitter=jitter)
+    assert wait >= min(retry_after_s, POLICY.retry_after_cap_s)
+
+
+def test_throttled_ceiling_doubles_per_failure() -> None:
+    waits = [backoff_s(POLICY, n, throttled=True, jitter=0.999) for n in (1, 2, 3, 4)]
+    assert waits == pytest.approx([1 + 0.999 * s for s in (1, 2, 4, 8)])
+
+
+def test_scaled_policy_shrinks_every_wait() -> None:
+    fast = POLICY.scaled(0.01)
+    assert backoff_s(fast, 3, throttled=True, jitter=0.5) == pytest.approx(
+        backoff_s(POLICY, 3, throttled=True, jitter=0.5) * 0.01
+    )
+    assert fast.budget_s == POLICY.budget_s
+
+
+# -- the gate -------------------------------------------------------------------------
+
+
+def test_an_unthrottled_gate_lets_every_request_start_at_once() -> None:
+    gate = SendGate()
+    assert [gate.reserve(10.0) for _ in range(100)] == [0.0] * 100
+    assert gate.rate_per_s is None
+
+
+def test_a_throttle_paces_every_start_below_the_measured_rate() -> None:
+    gate = SendGate(window_s=1.0)
+    for i in range(20):
+        gate.reserve(i * 0.05)  # 20 starts in one second
+    gate.throttled(1.0)
+    assert gate.rate_per_s == pytest.approx(20 * 0.7)
+    starts = [1.0 + gate.reserve(1.0) for _ in range(5)]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert gaps == pytest.approx([1 / gate.rate_per_s] * 4)
+
+
+def test_a_burst_of_throttles_to_one_overload_counts_once() -> None:
+    gate = SendGate(window_s=1.0, decrease_every_s=0.5)
+    for _ in range(10):
+        gate.reserve(0.0)
+    for _ in range(8):
+        gate.throttled(0.1)
+    assert gate.rate_per_s == pytest.approx(10 * 0.7)
+    gate.throttled(0.7)
+    assert gate.rate_per_s == pytest.approx(10 * 0.7 * 0.7)
+
+
+def test_sustained_throttling_never_drops_below_the_minimum_rate() -> None:
+    gate = SendGate(min_rate_per_s=0.5)
+    for i in range(200):
+        gate.throttled(float(i))
+    assert gate.rate_per_s == 0.5
+
+
+def test_the_rate_recovers_gradually_then_stops_pacing() -> None:
+    gate = SendGate(min_rate_per_s=1.0, free_rate_per_s=64.0, doubling_s=2.0)
+    gate.throttled(0.0)
+    assert gate.rate_per_s == 1.0
+    gate.succeeded(2.0)
+    assert gate.rate_per_s == pytest.approx(2.0)
+    gate.succeeded(6.0)
+    assert gate.rate_per_s == pytest.approx(8.0)
+    gate.succeeded(12.0)
+    assert gate.rate_per_s is None
+    assert gate.reserve(12.0) == 0.0
+
+
+def test_retry_after_holds_every_start_until_it_passed() -> None:
+    gate = SendGate()
+    gate.throttled(5.0, retry_after_s=3.0)
+    assert gate.reserve(5.0) >= 3.0
+    gate_capped = SendGate(retry_after_cap_s=10.0)
+    gate_capped.throttled(0.0, retry_after_s=1e9)
+    assert gate_capped.reserve(0.0) == pytest.approx(10.0)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["send", "throttle", "ok"]), st.floats(0, 5)), max_size=60))
+def test_the_gate_never_schedules_in_the_past_and_keeps_its_rate_in_bounds(
+    events: list[tuple[str, float]],
+) -> None:
+    gate = SendGate(min_rate_per_s=0.5, free_rate_per_s=1000.0)
+    now = 0.0
+    for what, step in events:
+        now += step
+        if what == "send":
+            assert gate.reserve(now) >= 0.0
+        elif what == "throttle":
+            gate.throttled(now)
+        else:
+            gate.succeeded(now)
+        assert gate.rate_per_s is None or 0.5 <= gate.rate_per_s < 1000.0
+
+
+# -- presigned expiry -----------------------------------------------------------------
+
+
+def test_presigned_expiry_is_read_from_the_url() -> None:
+    url = "https://s3.example/b/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20260101T120000Z&X-Amz-Expires=600&X-Amz-Signature=x"
+    assert presigned_expiry(url) == calendar.timegm(time.strptime("2026-01-01 12:10:00", "%Y-%m-%d %H:%M:%S"))
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["", "X-Amz-Date=20260101T120000Z", "X-Amz-Expires=600", "X-Amz-Date=junk&X-Amz-Expires=600"],
+)
+def test_a_url_without_a_parseable_expiry_has_none(query: str) -> None:
+    assert presigned_expiry(f"https://s3.example/b/k?{query}") is None

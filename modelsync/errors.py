@@ -8,7 +8,8 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     ├── UsageError (2)              bad arguments
     │   ├── ConfigError             a bad setting, config file or AWS profile
     │   │   └── CaBundleError       AWS_CA_BUNDLE holds no usable certificate
-    │   └── ScheduleError           the schedule file is unreadable or invalid
+    │   ├── ScheduleError           the schedule file is unreadable or invalid
+    │   └── WrongEndpointError      the store redirects: wrong endpoint or region
     ├── NotFoundError (3)           bucket, prefix, key, cache or cached model does not exist
     │   └── BucketNotFoundError     the bucket itself does not exist
     ├── AccessDeniedError (4)       credentials rejected or not allowed
@@ -79,6 +80,12 @@ class ScheduleError(UsageError):
     """A schedule that does not load; its code tells it from a bad request in the daemon's logs."""
 
     code = "bad_schedule"
+
+
+class WrongEndpointError(UsageError):
+    """The store answered with a redirect: the endpoint or region in the settings is wrong."""
+
+    code = "wrong_endpoint"
 
 
 class NotFoundError(ModelsyncError):

@@ -38,6 +38,7 @@ from modelsync.errors import (
     NotFoundError,
     ObjectChangedError,
     RemoteUnavailableError,
+    WrongEndpointError,
 )
 
 pytestmark = pytest.mark.timeout(15)
@@ -325,29 +326,120 @@ def test_slow_down_is_transient_with_its_code_and_keeps_the_connection(target: i
         client.fetch_into(RangeRequest(server.url(), 0, 100, None), target, 0)
         client.fetch_into(RangeRequest(server.url(), 0, 100, None), target, 0)
         assert server.connections == 1
-    assert (info.value.status, info.value.reason) == (503, "SlowDown")
+    assert (info.value.status, info.value.reason, info.value.throttled) == (503, "SlowDown", True)
     assert (info.value.bytes_written, info.value.retry_after_s) == (0, 2.0)
 
 
+EXPIRED_QUERY = "X-Amz-Date=20200101T000000Z&X-Amz-Expires=600&X-Amz-Signature=x"
+FRESH_QUERY = (
+    f"X-Amz-Date={time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}&X-Amz-Expires=3600&X-Amz-Signature=x"
+)
+
+
 @pytest.mark.parametrize(
-    ("status", "body", "error"),
+    ("status", "body", "query", "error"),
     [
-        ("403 Forbidden", s3_error("AccessDenied", "Access Denied"), AccessDeniedError),
-        (
-            "403 Forbidden",
-            s3_error("AccessDenied", "Request has expired"),
-            PresignedUrlExpiredError,
-        ),
-        ("404 Not Found", s3_error("NoSuchKey", "gone"), NotFoundError),
-        ("412 Precondition Failed", s3_error("PreconditionFailed", "etag"), ObjectChangedError),
-        ("400 Bad Request", s3_error("InvalidArgument", "no"), UnexpectedResponseError),
+        ("403 Forbidden", s3_error("AccessDenied", "Access Denied"), FRESH_QUERY, AccessDeniedError),
+        # The message says "expired" but the URL has not: decided by the URL, never by the text.
+        ("403 Forbidden", s3_error("AccessDenied", "Request has expired"), FRESH_QUERY, AccessDeniedError),
+        ("403 Forbidden", s3_error("AccessDenied", "Denied"), EXPIRED_QUERY, PresignedUrlExpiredError),
+        ("400 Bad Request", s3_error("ExpiredToken", "token"), FRESH_QUERY, PresignedUrlExpiredError),
+        ("404 Not Found", s3_error("NoSuchKey", "gone"), FRESH_QUERY, NotFoundError),
+        ("412 Precondition Failed", s3_error("PreconditionFailed", "etag"), FRESH_QUERY, ObjectChangedError),
+        ("400 Bad Request", s3_error("InvalidArgument", "no"), FRESH_QUERY, UnexpectedResponseError),
+        ("501 Not Implemented", s3_error("NotImplemented", "no"), FRESH_QUERY, UnexpectedResponseError),
+        ("505 HTTP Version Not Supported", b"", FRESH_QUERY, UnexpectedResponseError),
     ],
 )
 def test_permanent_statuses_map_to_the_error_tree(
-    target: int, status: str, body: bytes, error: type[Exception]
+    target: int, status: str, body: bytes, query: str, error: type[Exception]
 ) -> None:
-    with ScriptedServer([answer(status, body=body)]) as server, _client() as client, pytest.raises(error):
+    with ScriptedServer([answer(status, body=body)]) as server, _client() as client:
+        url = server.url().split("?")[0] + "?" + query
+        with pytest.raises(error) as info:
+            client.fetch_into(RangeRequest(url, 0, 100, None), target, 0)
+    assert type(info.value) is error
+    if isinstance(info.value, PresignedUrlExpiredError):
+        assert info.value.token_expired == (b"ExpiredToken" in body)
+
+
+def test_an_expired_url_is_judged_by_the_stores_clock_not_ours(target: int) -> None:
+    """The store's Date says the URL had not expired yet: a plain denial, whatever our clock says."""
+    signed = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() - 7200))
+    store_date = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() - 7000))
+    deny = answer("403 Forbidden", f"Date: {store_date}\r\n", s3_error("AccessDenied", "no"))
+    with ScriptedServer([deny]) as server, _client() as client:
+        url = server.url().split("?")[0] + f"?X-Amz-Date={signed}&X-Amz-Expires=600&X-Amz-Signature=x"
+        with pytest.raises(AccessDeniedError) as info:
+            client.fetch_into(RangeRequest(url, 0, 100, None), target, 0)
+    assert not isinstance(info.value, PresignedUrlExpiredError)
+
+
+@pytest.mark.parametrize(
+    ("reply", "named"),
+    [
+        (
+            answer("301 Moved Permanently", "Location: https://s3.eu-west-1.example/bucket/key\r\n"),
+            "https://s3.eu-west-1.example/bucket/key",
+        ),
+        (
+            answer(
+                "301 Moved Permanently",
+                "x-amz-bucket-region: eu-west-1\r\n",
+                s3_error("PermanentRedirect", "use the endpoint").replace(
+                    b"<RequestId>", b"<Endpoint>bucket.s3.eu-west-1.example</Endpoint><RequestId>"
+                ),
+            ),
+            "bucket.s3.eu-west-1.example (the bucket is in region eu-west-1)",
+        ),
+        (
+            answer("307 Temporary Redirect", "Location: http://elsewhere.example/\r\n"),
+            "http://elsewhere.example/",
+        ),
+    ],
+)
+def test_a_redirect_is_a_clear_error_naming_where_it_points(target: int, reply: Reply, named: str) -> None:
+    with (
+        ScriptedServer([reply]) as server,
+        _client() as client,
+        pytest.raises(WrongEndpointError, match="endpoint or region is wrong") as info,
+    ):
         client.fetch_into(RangeRequest(server.url(), 0, 100, None), target, 0)
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_close_wakes_a_thread_blocked_on_a_stalled_body_at_once(
+    tls_files: tuple[Path, Path], target: int, tls: bool
+) -> None:
+    replies: list[Reply] = []
+    ctx = make_ssl_context(ca_bundle=str(tls_files[0])) if tls else None
+    with ScriptedServer(replies, tls=_server_tls(tls_files) if tls else None) as server:
+        replies.append(cut_after(50_000, server=server))
+        client = _client(ssl_context=ctx, read_timeout_s=30.0)
+        outcome: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                client.fetch_into(
+                    RangeRequest(server.url("https" if tls else "http"), 0, len(DATA)), target, 0
+                )
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                outcome.append(exc)
+
+        worker = threading.Thread(target=fetch)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while len(server.requests) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the worker is now blocked in recv, 30 s from its timeout
+        closed_at = time.monotonic()
+        client.close()
+        worker.join(5)
+        woke_s = time.monotonic() - closed_at
+    assert not worker.is_alive()
+    assert woke_s < 1.0, woke_s
+    assert isinstance(outcome[0], TransientFetchError)
 
 
 def test_connection_refused_is_transient(target: int) -> None:

@@ -14,14 +14,28 @@ botocore; requests here go to presigned GET URLs, with ``Range`` and
 Memory bound: ``threads * buffer_bytes`` of user memory (plus the kernel's socket
 buffers), whatever the object or part size.
 
-Errors: permanent conditions raise ``modelsync.errors`` types (403, 404, 412,
-416, a response that is not the range asked for). Everything worth retrying
-raises ``TransientFetchError``, which records how many bytes of the range were
-written before it failed, so the caller can resume from there.
+Errors: every answer is classified once, by ``modelsync.core.retry.classify``
+(status and S3 error code, never message text). Permanent conditions raise
+``modelsync.errors`` types (403, 404, 412, 416, a redirect, a response that is
+not the range asked for). Everything worth retrying raises
+``TransientFetchError``, which records how many bytes of the range were written
+before it failed, so the caller can resume from there, and whether the store
+asked to slow down.
+
+Proxies: the route to an endpoint is the one botocore takes for the control
+plane (``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY``, resolved by botocore's
+own functions): a CONNECT tunnel for https, absolute-form requests for http.
+
+Cancellation: ``close`` shuts every socket down before closing it. Closing
+alone does not wake a thread blocked in ``recv`` on Linux; ``shutdown`` does, so
+a cancelled pull stops at once even when every transfer is stalled.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import email.utils
 import errno
 import os
 import re
@@ -29,11 +43,13 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
+from modelsync.core.retry import Verdict, classify, presigned_expiry
 from modelsync.errors import (
     AccessDeniedError,
     DiskFullError,
@@ -41,6 +57,8 @@ from modelsync.errors import (
     NotFoundError,
     ObjectChangedError,
     RemoteUnavailableError,
+    UsageError,
+    WrongEndpointError,
 )
 
 __all__ = [
@@ -50,6 +68,7 @@ __all__ = [
     "RateLimiter",
     "TransientFetchError",
     "UnexpectedResponseError",
+    "environ_proxy",
     "make_ssl_context",
 ]
 
@@ -57,11 +76,12 @@ __all__ = [
 MAX_HEAD_BYTES = 64 * 1024
 #: Error bodies longer than this are not read; the connection is dropped instead.
 MAX_ERROR_BODY_BYTES = 64 * 1024
-#: Statuses worth retrying: throttling and server-side failures.
-_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+#: Seconds of clock difference tolerated when deciding that a presigned URL had expired.
+EXPIRY_SLACK_S = 5.0
 _CONTENT_RANGE = re.compile(rb"bytes (\d+)-(\d+)/(\d+|\*)")
 _XML_CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _XML_MESSAGE = re.compile(rb"<Message>([^<]{0,512})</Message>")
+_XML_ENDPOINT = re.compile(rb"<Endpoint>([^<]{1,256})</Endpoint>")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +105,7 @@ class TransientFetchError(Exception):
     The caller resumes with ``start + bytes_written``. ``reason`` is the S3
     error code when the server sent one (``SlowDown``, ``InternalError``) or one
     of ``connect``, ``reset``, ``truncated``, ``timeout``, ``http-<status>``.
+    ``throttled`` says the store asked for less load (503, 429, ``SlowDown``).
     """
 
     def __init__(
@@ -95,12 +116,14 @@ class TransientFetchError(Exception):
         reason: str,
         status: int | None = None,
         retry_after_s: float | None = None,
+        throttled: bool = False,
     ) -> None:
         super().__init__(message)
         self.bytes_written = bytes_written
         self.reason = reason
         self.status = status
         self.retry_after_s = retry_after_s
+        self.throttled = throttled
 
 
 class UnexpectedResponseError(RemoteUnavailableError):
@@ -110,9 +133,17 @@ class UnexpectedResponseError(RemoteUnavailableError):
 
 
 class PresignedUrlExpiredError(AccessDeniedError):
-    """The presigned URL is past its expiry: presign again, then retry."""
+    """The presigned URL, or the credentials that signed it, expired: presign again, then retry.
+
+    ``token_expired`` is set when the store said the credentials themselves expired
+    (``ExpiredToken``): the credential chain must be resolved afresh first.
+    """
 
     code = "presign_expired"
+
+    def __init__(self, message: str, *, token_expired: bool) -> None:
+        super().__init__(message)
+        self.token_expired = token_expired
 
 
 class RateLimiter(Protocol):
@@ -137,6 +168,29 @@ class _Endpoint:
     host: str
     port: int
     netloc: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Proxy:
+    """An http:// forward proxy, and the Proxy-Authorization value its URL carries."""
+
+    host: str
+    port: int
+    netloc: str
+    authorization: str | None
+
+
+def environ_proxy(url: str) -> str | None:
+    """The proxy botocore's control plane uses for ``url``, or None for a direct route.
+
+    Resolved by botocore's own functions from ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
+    ``NO_PROXY`` (and their lower-case forms), so both planes always agree.
+    """
+    from botocore.httpsession import ProxyConfiguration
+    from botocore.utils import get_environ_proxies
+
+    proxy: str | None = ProxyConfiguration(proxies=get_environ_proxies(url)).proxy_url_for(url)
+    return proxy
 
 
 @dataclass(slots=True)
@@ -189,6 +243,7 @@ class RangeClient:
         buffer_bytes: int = 1024 * 1024,
         rate_limiter: RateLimiter | None = None,
         wait_all: bool = True,
+        proxy_for: Callable[[str], str | None] = environ_proxy,
     ) -> None:
         if buffer_bytes < MAX_HEAD_BYTES:
             raise ValueError(f"buffer_bytes must be at least {MAX_HEAD_BYTES}")
@@ -202,6 +257,8 @@ class RangeClient:
         # MSG_WAITALL lets the kernel fill a whole buffer per call: fewer syscalls
         # and GIL hand-offs. Only for plain TCP (SSL sockets take no flags).
         self._wait_all = wait_all
+        self._proxy_for = proxy_for
+        self._proxies: dict[_Endpoint, _Proxy | None] = {}
         self._local = _ThreadState()
         self._lock = threading.Lock()
         self._all_socks: set[socket.socket] = set()
@@ -226,7 +283,14 @@ class RangeClient:
         if self._closed:
             raise RuntimeError("RangeClient is closed")
         endpoint, target = _parse_url(req.url)
-        request = _render_request(endpoint, target, req)
+        proxy = self._proxy(endpoint, req.url)
+        extra: dict[str, str] = {}
+        if proxy is not None and endpoint.scheme == "http":
+            # Through a forward proxy, plain http asks for the absolute URL (RFC 9112 3.2.2).
+            target = f"http://{endpoint.netloc}{target}"
+            if proxy.authorization:
+                extra["Proxy-Authorization"] = proxy.authorization
+        request = _render_request(endpoint, target, req, extra)
         for attempt in (1, 2):
             conn = self._connection(endpoint)
             try:
@@ -268,11 +332,19 @@ class RangeClient:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Close every connection of every thread; call once the workers are done."""
+        """Shut down and close every connection of every thread, waking any blocked in ``recv``.
+
+        ``shutdown`` comes first: on Linux, ``close`` alone leaves a thread blocked
+        in ``recv`` waiting until its read timeout; after ``shutdown`` its ``recv``
+        returns at once. The base-class ``shutdown`` is called on TLS sockets too,
+        so no TLS state is touched while their owner thread may still use it.
+        """
         with self._lock:
             self._closed = True
             socks, self._all_socks = self._all_socks, set()
         for sock in socks:
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
             sock.close()
 
     def __enter__(self) -> RangeClient:
@@ -296,14 +368,29 @@ class RangeClient:
             self._local.conns[endpoint] = conn
         return conn
 
+    def _proxy(self, endpoint: _Endpoint, url: str) -> _Proxy | None:
+        """The proxy on the route to ``endpoint``, resolved once per endpoint."""
+        if endpoint not in self._proxies:  # a race only resolves the same answer twice
+            self._proxies[endpoint] = _parse_proxy(self._proxy_for(url))
+        return self._proxies[endpoint]
+
     def _connect(self, endpoint: _Endpoint) -> socket.socket:
+        proxy = self._proxies.get(endpoint)
+        host, port = (proxy.host, proxy.port) if proxy else (endpoint.host, endpoint.port)
+        via = f" via proxy {proxy.netloc}" if proxy else ""
         try:
-            sock = socket.create_connection((endpoint.host, endpoint.port), timeout=self._connect_timeout_s)
+            sock = socket.create_connection((host, port), timeout=self._connect_timeout_s)
         except OSError as exc:
             raise TransientFetchError(
-                f"cannot connect to {endpoint.netloc}: {exc}", bytes_written=0, reason="connect"
+                f"cannot connect to {endpoint.netloc}{via}: {exc}", bytes_written=0, reason="connect"
             ) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if proxy is not None and endpoint.scheme == "https":
+            try:
+                _tunnel(sock, endpoint, proxy)
+            except BaseException:
+                sock.close()
+                raise
         if endpoint.scheme == "https":
             ctx = self._ssl or ssl.create_default_context()
             try:
@@ -465,41 +552,48 @@ class RangeClient:
 
     def _error_for_status(self, conn: _Conn, head: _Head, req: RangeRequest) -> Exception:
         status = head.status
-        code, message = self._read_error_body(conn, head)
+        code, message, body = self._read_error_body(conn, head)
         where = f"{req.url.split('?', 1)[0]} bytes {req.start}-{req.end - 1}"
         detail = f"{status} {code or ''} {message or ''}".strip()
-        if status in _TRANSIENT_STATUSES or status >= 500:
+        verdict = classify(status, code, url_expired=_url_expired(req.url, head.headers.get("date")))
+        if verdict in (Verdict.THROTTLED, Verdict.RETRY):
             return TransientFetchError(
                 f"{where}: {detail}",
                 bytes_written=0,
                 reason=code or f"http-{status}",
                 status=status,
                 retry_after_s=_retry_after(head.headers.get("retry-after")),
+                throttled=verdict is Verdict.THROTTLED,
             )
-        if status == 403:
-            if message and "expired" in message.lower():
-                return PresignedUrlExpiredError(f"{where}: {detail}; presign the URL again")
+        if verdict is Verdict.EXPIRED:
+            return PresignedUrlExpiredError(
+                f"{where}: {detail}; presign the URL again",
+                token_expired=classify(status, code) is Verdict.EXPIRED,
+            )
+        if verdict is Verdict.DENIED:
             return AccessDeniedError(
                 f"{where}: {detail}; check the credentials and the bucket policy for this identity"
             )
-        if status == 404:
+        if verdict is Verdict.NOT_FOUND:
             return NotFoundError(f"{where}: {detail}")
-        if status in (412, 416):
+        if verdict is Verdict.CHANGED:
             return ObjectChangedError(
                 f"{where}: {detail}; the object changed since it was listed, pull again"
             )
+        if verdict is Verdict.REDIRECT:
+            return WrongEndpointError(f"{where}: {_redirect_detail(status, code, head.headers, body)}")
         return UnexpectedResponseError(f"{where}: unexpected status {detail}")
 
-    def _read_error_body(self, conn: _Conn, head: _Head) -> tuple[str | None, str | None]:
-        """Read a small error body (to keep the connection) and pull out S3's Code."""
+    def _read_error_body(self, conn: _Conn, head: _Head) -> tuple[str | None, str | None, bytes]:
+        """Read a small error body (to keep the connection) and pull out S3's Code and Message."""
         length_text = head.headers.get("content-length")
         if length_text is None or not length_text.isdigit():
             head.keep_alive = False
-            return None, None
+            return None, None, b""
         length = int(length_text)
         if length > MAX_ERROR_BODY_BYTES:
             head.keep_alive = False
-            return None, None
+            return None, None, b""
         buf = self._buffer()
         have = head.filled - head.body_start
         body = bytearray(buf[head.body_start : head.body_start + min(have, length)])
@@ -518,6 +612,7 @@ class RangeClient:
         return (
             code.group(1).decode("ascii", "replace") if code else None,
             msg.group(1).decode("utf-8", "replace") if msg else None,
+            bytes(body),
         )
 
 
@@ -536,7 +631,94 @@ def _parse_url(url: str) -> tuple[_Endpoint, str]:
     return _Endpoint(parts.scheme, parts.hostname, port, netloc), target
 
 
-def _render_request(endpoint: _Endpoint, target: str, req: RangeRequest) -> bytes:
+def _parse_proxy(url: str | None) -> _Proxy | None:
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise UsageError(
+            f"proxy {parts.scheme}://{parts.hostname}: the data plane speaks to http:// proxies only "
+            "(https through one still goes in an end-to-end TLS tunnel); set HTTPS_PROXY=http://..."
+        )
+    authorization = None
+    if parts.username is not None:
+        user_pass = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(user_pass.encode()).decode("ascii")
+    port = parts.port or 80
+    return _Proxy(parts.hostname, port, f"{parts.hostname}:{port}", authorization)
+
+
+def _tunnel(sock: socket.socket, endpoint: _Endpoint, proxy: _Proxy) -> None:
+    """Ask the proxy for a CONNECT tunnel to ``endpoint``; TLS then runs end to end inside it."""
+    authority = f"{endpoint.host}:{endpoint.port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", "User-Agent: modelsync"]
+    if proxy.authorization:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
+    head = b""
+    try:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        while b"\r\n\r\n" not in head:
+            # One byte at a time: nothing after the proxy's head may be consumed here.
+            chunk = sock.recv(1)
+            if not chunk:
+                raise ConnectionResetError("the proxy closed the connection")
+            head += chunk
+            if len(head) > MAX_HEAD_BYTES:
+                raise UnexpectedResponseError(f"proxy {proxy.netloc}: response head too long")
+    except OSError as exc:
+        raise TransientFetchError(
+            f"CONNECT {authority} via proxy {proxy.netloc} failed: {exc}", bytes_written=0, reason="connect"
+        ) from exc
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+    fields = status_line.split(" ", 2)
+    status = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+    if 200 <= status < 300:
+        return
+    what = f"proxy {proxy.netloc} refused CONNECT {authority}: {status_line}"
+    if status == 407:
+        raise AccessDeniedError(f"{what}; put the proxy's user and password in the proxy URL")
+    if status in (502, 503, 504):
+        raise TransientFetchError(what, bytes_written=0, reason="connect", status=status)
+    raise RemoteUnavailableError(f"{what}; check HTTPS_PROXY and NO_PROXY")
+
+
+def _url_expired(url: str, date_header: str | None) -> bool:
+    """Whether the presigned URL was past its own expiry when the store answered.
+
+    The store's ``Date`` is the clock that matters (it is the one that refused);
+    without one, this machine's clock stands in.
+    """
+    expiry = presigned_expiry(url)
+    if expiry is None:
+        return False
+    now = time.time()
+    if date_header:
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            now = email.utils.parsedate_to_datetime(date_header).timestamp()
+    return now + EXPIRY_SLACK_S >= expiry
+
+
+def _redirect_detail(status: int, code: str | None, headers: Mapping[str, str], body: bytes) -> str:
+    """Say where a redirect points, so the user can fix the endpoint or the region."""
+    where = headers.get("location")
+    endpoint = _XML_ENDPOINT.search(body)
+    if where is None and endpoint is not None:
+        where = endpoint.group(1).decode("ascii", "replace")
+    region = headers.get("x-amz-bucket-region")
+    pieces = [f"the store redirects ({status}{' ' + code if code else ''})"]
+    if where:
+        pieces.append(f"to {where}")
+    if region:
+        pieces.append(f"(the bucket is in region {region})")
+    return (
+        " ".join(pieces) + "; the endpoint or region is wrong: set AWS_ENDPOINT_URL (--endpoint-url) "
+        "and AWS_REGION (--region) to where the bucket lives"
+    )
+
+
+def _render_request(
+    endpoint: _Endpoint, target: str, req: RangeRequest, extra: Mapping[str, str]
+) -> bytes:
     lines = [
         f"GET {target} HTTP/1.1",
         f"Host: {endpoint.netloc}",
@@ -547,7 +729,7 @@ def _render_request(endpoint: _Endpoint, target: str, req: RangeRequest) -> byte
     if req.etag is not None:
         # An entity tag is a quoted string (RFC 9110); nginx refuses the bare form with 412.
         lines.append(f'If-Match: "{req.etag.strip(chr(34))}"')
-    for name, value in req.headers.items():
+    for name, value in {**req.headers, **extra}.items():
         if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
             raise ValueError(f"header {name!r} contains a line break")
         lines.append(f"{name}: {value}")

@@ -83,8 +83,15 @@ class Settings:
     connect_timeout_s: float = field(default=5.0, metadata={"env": "MODELSYNC_CONNECT_TIMEOUT"})
     #: seconds a response may stay silent before the request is retried
     read_timeout_s: float = field(default=30.0, metadata={"env": "MODELSYNC_READ_TIMEOUT"})
-    #: attempts per part (first try included) for broken, stalled or failed transfers
+    #: consecutive failures of a part without progress (first try included) before the pull gives up;
+    #: throttling ("slow down") does not count, it is bounded by retry_budget_s
     part_attempts: int = field(default=5, metadata={"env": "MODELSYNC_PART_ATTEMPTS"})
+    #: seconds a part keeps retrying without progress (throttling included) before the pull gives up
+    retry_budget_s: float = field(default=600.0, metadata={"env": "MODELSYNC_RETRY_BUDGET"})
+    #: shortest wait after a throttled answer, seconds; the whole retry schedule scales with it
+    backoff_floor_s: float = field(default=1.0, metadata={"env": "MODELSYNC_BACKOFF_FLOOR"})
+    #: lifetime of a presigned GET URL, seconds; a URL is signed again before it runs out
+    presign_expiry_s: float = field(default=900.0, metadata={"env": "MODELSYNC_PRESIGN_EXPIRY"})
     #: bytes read from a response body per chunk: the unit of the memory bound
     read_chunk_bytes: int = field(default=1 * MiB, metadata={"env": "MODELSYNC_READ_CHUNK"})
     #: cache size budget (e.g. 500Gi, or 90% of the filesystem); None: only the disk's free space
@@ -280,6 +287,9 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "connect_timeout_s": _positive_float,
     "read_timeout_s": _positive_float,
     "part_attempts": _positive_int,
+    "retry_budget_s": parse_duration,
+    "backoff_floor_s": _positive_float,
+    "presign_expiry_s": parse_duration,
     "read_chunk_bytes": _positive_size,
     "cache_budget": parse_budget,
     "high_watermark": _ratio,

@@ -154,6 +154,8 @@ def make_settings(tmp_path: Path, proxied_s3_env: S3Env, aws_credentials: S3Env)
             "read_timeout_s": 1.0,
             "connect_timeout_s": 1.0,
             "part_attempts": 4,
+            # The retry schedule's shape, at a fiftieth of its waits: tests stay fast.
+            "backoff_floor_s": 0.02,
         }
         values.update(overrides)
         return Settings(**values)  # type: ignore[arg-type]
@@ -246,7 +248,7 @@ def test_pull_gives_up_on_a_part_that_keeps_failing_with_exit_7(
     bucket: str,
 ) -> None:
     s3_client.put_object(Bucket=bucket, Key=PREFIX + KEY_NAME, Body=payload(PART))
-    fault_proxy.add_fault("status503", match=KEY_NAME, times=1000)
+    fault_proxy.add_fault("status500", match=KEY_NAME, times=1000)
     settings = make_settings(part_attempts=3)
 
     with pytest.raises(RemoteUnavailableError) as info:
@@ -255,6 +257,27 @@ def test_pull_gives_up_on_a_part_that_keeps_failing_with_exit_7(
     assert info.value.exit_code == ExitCode.REMOTE_UNAVAILABLE
     assert len(data_gets(fault_proxy)) == 3
     assert "resumes" in str(info.value)
+    assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
+
+
+def test_throttling_is_not_counted_as_attempts_but_bounded_by_the_retry_budget(
+    tmp_path: Path,
+    make_settings: Callable[..., Settings],
+    fault_proxy: FaultProxy,
+    s3_client: BaseClient,
+    bucket: str,
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key=PREFIX + KEY_NAME, Body=payload(PART))
+    fault_proxy.add_fault("status503", match=KEY_NAME, times=100_000)
+    settings = make_settings(part_attempts=2, retry_budget_s=1.5)
+
+    started = time.monotonic()
+    with pytest.raises(RemoteUnavailableError, match="without progress") as info:
+        pull(settings, model_ref(bucket), NoEvents())
+
+    assert 1.5 <= time.monotonic() - started < 15
+    assert info.value.exit_code == ExitCode.REMOTE_UNAVAILABLE
+    assert len(data_gets(fault_proxy)) > 2  # far more than part_attempts: throttling kept it going
     assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
 
 

@@ -424,7 +424,7 @@ def test_close_wakes_a_thread_blocked_on_a_stalled_body_at_once(
                 client.fetch_into(
                     RangeRequest(server.url("https" if tls else "http"), 0, len(DATA)), target, 0
                 )
-            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            except BaseException as exc:
                 outcome.append(exc)
 
         worker = threading.Thread(target=fetch)

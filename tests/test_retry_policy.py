@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import itertools
 import time
 
 import pytest
@@ -108,7 +109,7 @@ def test_a_throttle_paces_every_start_below_the_measured_rate() -> None:
     gate.throttled(1.0)
     assert gate.rate_per_s == pytest.approx(20 * 0.7)
     starts = [1.0 + gate.reserve(1.0) for _ in range(5)]
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert gaps == pytest.approx([1 / gate.rate_per_s] * 4)
 
 

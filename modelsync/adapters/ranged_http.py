@@ -716,9 +716,7 @@ def _redirect_detail(status: int, code: str | None, headers: Mapping[str, str], 
     )
 
 
-def _render_request(
-    endpoint: _Endpoint, target: str, req: RangeRequest, extra: Mapping[str, str]
-) -> bytes:
+def _render_request(endpoint: _Endpoint, target: str, req: RangeRequest, extra: Mapping[str, str]) -> bytes:
     lines = [
         f"GET {target} HTTP/1.1",
         f"Host: {endpoint.netloc}",

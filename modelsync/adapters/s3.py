@@ -4,7 +4,9 @@ Bulk bytes of a pull do not pass through here (see adapters/ranged_http.py);
 what does is small and latency-bound. botocore retries throttling, 5xx and
 connection errors itself (standard mode); nothing here retries on top of it.
 Every botocore/aiohttp exception is translated into modelsync.errors at this
-boundary, and no message ever includes a credential.
+boundary, by its S3 error code and status through the same classification as
+the data plane (modelsync.core.retry.classify), never by message text; and no
+message ever includes a credential.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from botocore.exceptions import (
 
 from modelsync.config import Settings
 from modelsync.core.refs import ModelRef
+from modelsync.core.retry import Verdict, classify
 from modelsync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -41,21 +44,11 @@ from modelsync.errors import (
     ObjectChangedError,
     RemoteUnavailableError,
     UsageError,
+    WrongEndpointError,
 )
 
 #: attempts botocore makes for one control-plane call (first try included)
 CONTROL_ATTEMPTS = 4
-PRESIGN_EXPIRY_S = 6 * 3600
-
-_DENIED = {
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "AllAccessDisabled",
-    "AccountProblem",
-}
 #: OpenSSL's reasons when the other side answered the TLS hello in plain text (an http:// server)
 _PLAIN_TEXT_REPLIES = {
     "WRONG_VERSION_NUMBER",
@@ -119,24 +112,42 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0][:300]
 
 
-def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
-    err = exc.response.get("Error", {})
-    code = str(err.get("Code", ""))
+def _code_and_status(exc: ClientError) -> tuple[str, int]:
+    code = str(exc.response.get("Error", {}).get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code, int(status) if isinstance(status, int) else 0
+
+
+def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
+    code, status = _code_and_status(exc)
+    verdict = classify(status, code or None)
     if code == "NoSuchBucket":
         return BucketNotFoundError(f"bucket {bucket!r} does not exist ({what}); check the source URI")
-    if code in {"NoSuchKey", "404", "NotFound"} or status == 404:
+    if verdict is Verdict.NOT_FOUND:
         return NotFoundError(f"not found: {what}; check the source URI")
-    if code in _DENIED or status == 403:
+    if verdict in (Verdict.DENIED, Verdict.EXPIRED):
         return AccessDeniedError(
             f"access denied ({code or status}) for {what}; check the credentials and the "
             "bucket policy for this identity"
         )
-    if code == "PreconditionFailed" or status == 412:
+    if verdict is Verdict.CHANGED:
         return ObjectChangedError(f"object changed during {what}; pull again")
+    if verdict is Verdict.REDIRECT:
+        region = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+        where = f" (the bucket is in region {region})" if region else ""
+        return WrongEndpointError(
+            f"the store redirects {what} ({code or status}){where}; the endpoint or region is wrong: "
+            "set AWS_ENDPOINT_URL (--endpoint-url) and AWS_REGION (--region) to where the bucket lives"
+        )
     return RemoteUnavailableError(
         f"S3 error {code or status} for {what} after {CONTROL_ATTEMPTS} attempts; retry later"
     )
+
+
+def _is_missing_key(exc: ClientError) -> bool:
+    """A missing object (not a missing bucket): decided on S3's error code, not on the message."""
+    code, status = _code_and_status(exc)
+    return code != "NoSuchBucket" and classify(status, code or None) is Verdict.NOT_FOUND
 
 
 class S3:
@@ -146,18 +157,21 @@ class S3:
         self._client = client
 
     async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
-        """The manifest's bytes, or None when the model has none (a plain prefix)."""
+        """The manifest's bytes, or None when the model has none (a plain prefix).
+
+        Only a missing key means "no manifest"; a missing bucket is an error.
+        """
         key = ref.prefix + name
-        try:
-            with s3_errors(f"reading {ref.uri}{name}", ref.bucket):
+        with s3_errors(f"reading {ref.uri}{name}", ref.bucket):
+            try:
                 resp = await self._client.get_object(Bucket=ref.bucket, Key=key)
-                async with resp["Body"] as body:
-                    data: bytes = await body.read()
-                    return data
-        except BucketNotFoundError:
-            raise
-        except NotFoundError:
-            return None
+            except ClientError as exc:
+                if _is_missing_key(exc):
+                    return None
+                raise
+            async with resp["Body"] as body:
+                data: bytes = await body.read()
+                return data
 
     async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
         """Every object under the prefix; an empty prefix is NotFoundError."""
@@ -211,11 +225,36 @@ class S3:
             resp = await self._client.head_object(Bucket=bucket, Key=key, PartNumber=1)
         return int(resp["ContentLength"]) if resp.get("PartsCount") else None
 
-    async def presign_get(self, bucket: str, key: str) -> str:
-        url: str = await self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=PRESIGN_EXPIRY_S
-        )
+    async def presign_get(self, bucket: str, key: str, expiry_s: float) -> str:
+        """A GET URL valid for `expiry_s`, signed with the current credentials.
+
+        botocore refreshes temporary credentials (STS, web identity, a credential
+        process with an Expiration) before they run out when it signs, so a URL
+        signed late in a long pull carries fresh ones.
+        """
+        with s3_errors(f"signing a URL for s3://{bucket}/{key}", bucket):
+            url: str = await self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=max(1, int(expiry_s))
+            )
         return url
+
+    async def renew_credentials(self) -> None:
+        """Resolve the credential chain afresh and sign with what it gives from now on.
+
+        For when the store said the token expired although botocore still trusted
+        it (a revoked session, a clock apart from the store's, a chain that only
+        re-reads its source when asked).
+        """
+        with s3_errors("resolving the credentials again", ""):
+            fresh = await get_session().get_credentials()
+        if fresh is None:
+            raise AccessDeniedError(
+                "the credentials expired and the credential chain has no new ones; check "
+                "AWS_WEB_IDENTITY_TOKEN_FILE, AWS_PROFILE or the credential process"
+            )
+        # botocore has no public way to change a client's credentials; its signer reads
+        # this attribute for every signature, presigned URLs and control-plane calls alike.
+        self._client._request_signer._credentials = fresh
 
     async def put_bytes(self, bucket: str, key: str, data: bytes) -> str:
         with s3_errors(f"writing s3://{bucket}/{key}", bucket):

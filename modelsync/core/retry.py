@@ -76,7 +76,9 @@ _THROTTLE_CODES = frozenset(
     }
 )
 _RETRY_CODES = frozenset({"InternalError", "RequestTimeout", "RequestTimeoutException", "OperationAborted"})
-_EXPIRED_CODES = frozenset({"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "RequestExpired"})
+_EXPIRED_CODES = frozenset(
+    {"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "RequestExpired"}
+)
 _DENIED_CODES = frozenset(
     {
         "AccessDenied",
@@ -200,7 +202,8 @@ class SendGate:
     the burst of answers to one overload counts once) multiplies it by `beta`.
     Successes raise the rate again, doubling every `doubling_s` of successful
     traffic; once it passes `free_rate_per_s` the gate stops pacing. A
-    `Retry-After` holds every start until it has passed.
+    `Retry-After` holds every start until it has passed. `time_scale` multiplies
+    every duration and divides every rate, like `RetryPolicy.scaled`.
 
     Not thread-safe by itself: the caller holds a lock around each call.
     """
@@ -215,16 +218,17 @@ class SendGate:
         window_s: float = 2.0,
         decrease_every_s: float = 0.5,
         retry_after_cap_s: float = 60.0,
+        time_scale: float = 1.0,
     ) -> None:
-        if not 0 < beta < 1 or min_rate_per_s <= 0 or doubling_s <= 0 or window_s <= 0:
+        if not 0 < beta < 1 or min(min_rate_per_s, doubling_s, window_s, time_scale) <= 0:
             raise ValueError("beta in (0, 1); rates and times positive")
         self._beta = beta
-        self._min_rate = min_rate_per_s
-        self._free_rate = free_rate_per_s
-        self._doubling_s = doubling_s
-        self._window_s = window_s
-        self._decrease_every_s = decrease_every_s
-        self._retry_after_cap_s = retry_after_cap_s
+        self._min_rate = min_rate_per_s / time_scale
+        self._free_rate = free_rate_per_s / time_scale
+        self._doubling_s = doubling_s * time_scale
+        self._window_s = window_s * time_scale
+        self._decrease_every_s = decrease_every_s * time_scale
+        self._retry_after_cap_s = retry_after_cap_s * time_scale
         #: requests per second allowed to start; None: not paced
         self.rate_per_s: float | None = None
         self._next_start = 0.0

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -28,13 +29,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar
-
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
@@ -54,6 +48,7 @@ from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
 from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.core.retry import RetryPolicy, backoff_s, presigned_expiry
 from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.events import ByteCounter, PullEvents
@@ -61,9 +56,10 @@ from modelsync.engine.evict import make_room
 from modelsync.engine.maintain import repair_ready
 from modelsync.engine.ready import quick_check
 from modelsync.engine.tasks import first_error
-from modelsync.engine.throttle import TokenBucket
+from modelsync.engine.throttle import StoreGate, TokenBucket, store_gate
 from modelsync.engine.trust import SignatureCheck, final_check
 from modelsync.errors import (
+    AccessDeniedError,
     ChecksumMismatchError,
     DiskFullError,
     NotFoundError,
@@ -75,8 +71,10 @@ from modelsync.errors import (
 MAX_OPEN_FILES = 64
 #: files hashed at once; each holds one hash buffer
 HASH_SLOTS = 2
-#: a retry of a part waits at most this long
-MAX_BACKOFF_S = 5.0
+#: a presigned URL is signed again once less than this share of its lifetime is left
+PRESIGN_RENEW_SHARE = 0.3
+#: a part answered "expired" this many times in a row, each time with a fresh URL, gives up
+MAX_EXPIRED_IN_A_ROW = 3
 _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 #: how often a pull with a cancel event checks it; bounds how long a cancelled pull runs on
 CANCEL_POLL_S = 0.1
@@ -199,11 +197,14 @@ def pull(
 
 
 async def _supervise(puller: _Puller, cancel: threading.Event | None) -> tuple[Path, PullPlan]:
-    """Run the pull; when it is cancelled (Ctrl-C, or `cancel` set) abort the transfers first.
+    """Run the pull; when it is cancelled (Ctrl-C, SIGTERM, or `cancel` set) abort the transfers first.
 
-    Closing the range client's sockets wakes every transfer thread at once, so a
-    cancelled pull stops in well under a second instead of waiting out a stalled
-    read; the journal keeps what was written for the next pull to resume.
+    The range client shuts its sockets down before closing them, which wakes every
+    transfer thread blocked in `recv` at once (closing alone would leave each one
+    waiting out its read timeout), and backoff and gate waits run on the event loop,
+    where cancellation ends them. So a cancelled pull stops in well under a second
+    even when every transfer is stalled; the journal keeps what was written for the
+    next pull to resume.
     """
     task = asyncio.ensure_future(puller.run())
     try:
@@ -253,6 +254,15 @@ class _Puller:
         self.signature = SignatureCheck(ref, settings.signature_rule(ref), settings.signature_name)
         #: SHA-256 of each file hashed while it downloaded (only when a signature is checked)
         self.sha256s: dict[str, str] = {}
+        #: paces requests when the store throttles; shared by every pull of this process to that store
+        time_scale = settings.backoff_floor_s / RetryPolicy().throttle_floor_s
+        self.gate: StoreGate = store_gate(settings.endpoint_url or f"aws:{settings.region}", time_scale)
+        self.policy = RetryPolicy(budget_s=settings.retry_budget_s, attempts=settings.part_attempts).scaled(
+            time_scale
+        )
+        #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
+        self.credentials_generation = 0
+        self.credentials_lock = asyncio.Lock()
         self.s3: S3
         self.client: RangeClient
         self.executor: ThreadPoolExecutor
@@ -502,41 +512,103 @@ class _Puller:
                     await _in_thread(loop.run_in_executor(None, hasher.feed, prefix.fd, prefix.end))
 
     async def _part(self, f: RemoteFile, part: Part, fd: int) -> None:
-        """One ranged GET, retried from the last byte written when the transfer breaks."""
+        """One ranged GET, retried from the last byte written until it lands or the policy gives up.
+
+        Every attempt first passes the store's gate. A throttled answer slows the
+        gate for every transfer and waits whole seconds (or the store's
+        Retry-After); other transient failures wait briefly. The part gives up
+        after `policy.attempts` consecutive non-throttle failures, or after
+        `policy.budget_s` without progress, whichever comes first; a byte of
+        progress resets both. An expired URL or token is presigned again (from
+        freshly resolved credentials for a token) and does not count.
+        """
         start = part.start
         loop = asyncio.get_running_loop()
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type((TransientFetchError, PresignedUrlExpiredError)),
-            stop=stop_after_attempt(self.settings.part_attempts),
-            wait=wait_random_exponential(multiplier=0.1, max=MAX_BACKOFF_S),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    url = await self._url(f, fresh=attempt.retry_state.attempt_number > 1)
-                    req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
-                    try:
-                        await _in_thread(
-                            loop.run_in_executor(
-                                self.executor, self.client.fetch_into, req, fd, start, self.events.fetched
-                            )
-                        )
-                    except TransientFetchError as exc:
-                        start += exc.bytes_written
-                        raise
-        except TransientFetchError as exc:
-            raise RemoteUnavailableError(
-                f"giving up on {f.key} bytes {start}-{part.end} after "
-                f"{self.settings.part_attempts} attempts ({exc}); retry the pull later, "
-                "it resumes where it stopped"
-            ) from None
+        failures = throttles = expired = 0
+        stuck_since: float | None = None
+        while True:
+            url = await self._url(f)
+            generation = self.credentials_generation
+            await self.gate.admit()
+            req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
+            try:
+                await _in_thread(
+                    loop.run_in_executor(
+                        self.executor, self.client.fetch_into, req, fd, start, self.events.fetched
+                    )
+                )
+            except PresignedUrlExpiredError as exc:
+                expired += 1
+                if expired >= MAX_EXPIRED_IN_A_ROW:
+                    raise AccessDeniedError(
+                        f"{exc}; {expired} fresh signatures in a row were refused as expired: the "
+                        "credential chain hands out expired credentials, or this clock is far off"
+                    ) from None
+                await self._renew(f, url, generation, token_expired=exc.token_expired)
+                continue
+            except TransientFetchError as exc:
+                now = time.monotonic()
+                if exc.bytes_written:
+                    start += exc.bytes_written
+                    failures = throttles = 0
+                    stuck_since = None
+                stuck_since = now if stuck_since is None else stuck_since
+                if exc.throttled:
+                    throttles += 1
+                    self.gate.throttled(exc.retry_after_s)
+                else:
+                    failures += 1
+                stuck_s = now - stuck_since
+                if failures >= self.policy.attempts or stuck_s >= self.policy.budget_s:
+                    raise RemoteUnavailableError(
+                        f"giving up on {f.key} bytes {start}-{part.end} after {failures + throttles} "
+                        f"failed attempts in {stuck_s:.0f} s without progress ({exc}); retry the pull "
+                        "later, it resumes where it stopped"
+                    ) from None
+                wait_s = backoff_s(
+                    self.policy,
+                    throttles if exc.throttled else failures,
+                    throttled=exc.throttled,
+                    retry_after_s=exc.retry_after_s,
+                    jitter=random.random(),
+                )
+                await asyncio.sleep(min(wait_s, max(0.0, self.policy.budget_s - stuck_s)))
+                continue
+            break
+        self.gate.succeeded()
         self.staging.journal.part_written(f.path, part.index)
 
-    async def _url(self, f: RemoteFile, fresh: bool) -> str:
-        if fresh or f.key not in self.urls:
-            self.urls[f.key] = await self.s3.presign_get(self.ref.bucket, f.key)
-        return self.urls[f.key]
+    async def _url(self, f: RemoteFile) -> str:
+        """The file's presigned URL, signed again when it is close to its own expiry.
+
+        Signing again also picks up credentials botocore refreshed on the way
+        (temporary credentials are refreshed before they expire), so a pull that
+        outlives its first credentials never sends a URL they no longer cover.
+        """
+        url = self.urls.get(f.key)
+        if url is not None:
+            expiry = presigned_expiry(url)
+            if expiry is None or expiry - time.time() > self.settings.presign_expiry_s * PRESIGN_RENEW_SHARE:
+                return url
+        url = self.urls[f.key] = await self.s3.presign_get(
+            self.ref.bucket, f.key, self.settings.presign_expiry_s
+        )
+        return url
+
+    async def _renew(self, f: RemoteFile, url: str, generation: int, token_expired: bool) -> None:
+        """Presign `f` again after an "expired" answer; for an expired token, resolve credentials first.
+
+        Many parts see the same expired token at once: the first one to get here
+        resolves the credentials, the others find the generation moved on and
+        only presign.
+        """
+        if token_expired:
+            async with self.credentials_lock:
+                if self.credentials_generation == generation:
+                    await self.s3.renew_credentials()
+                    self.credentials_generation += 1
+        if self.urls.get(f.key) == url:
+            del self.urls[f.key]
 
     # -- verification ------------------------------------------------------------
 
@@ -594,10 +666,11 @@ async def _in_thread(future: asyncio.Future[_T]) -> _T:
     """Await a transfer thread; when cancelled, first wait until the thread has stopped.
 
     A cancelled task cannot stop a thread blocked on its socket: it keeps writing at
-    its offsets until the body ends or `read_timeout_s` passes. The descriptor it
-    writes to must stay open until then, or its late writes land on a closed
-    descriptor, or on whatever file reuses that number (the restarted file, another
-    file of the model, the journal). So cancellation waits, bounded by the timeout.
+    its offsets until the body ends, its socket is shut down (`_Puller.abort`), or
+    `read_timeout_s` passes. The descriptor it writes to must stay open until then,
+    or its late writes land on a closed descriptor, or on whatever file reuses that
+    number (the restarted file, another file of the model, the journal). So
+    cancellation waits for the thread; after an abort that is at once.
     """
     try:
         return await asyncio.shield(future)

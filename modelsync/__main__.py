@@ -3,20 +3,27 @@
 import os
 import sys
 
+from modelsync import interrupt
+
 
 def main() -> None:
     # The cache is shared by processes of several uids in one group (daemon, init containers):
     # whatever the inherited umask, files and directories modelsync creates stay group-writable.
     os.umask(os.umask(0) & ~0o070)
-    from modelsync.warm import try_warm_pull
+    interrupt.install()
+    try:
+        from modelsync.warm import try_warm_pull
 
-    path = try_warm_pull(sys.argv[1:], os.environ)
-    if path is not None:
-        print(path)
-        return
-    from modelsync.cli import run
+        path = try_warm_pull(sys.argv[1:], os.environ)
+        if path is not None:
+            print(path)
+            return
+        from modelsync.cli import run
 
-    sys.exit(run(sys.argv[1:]))
+        code = run(sys.argv[1:])
+    except KeyboardInterrupt:  # outside a command (while parsing, or on the warm path)
+        code = interrupt.report()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

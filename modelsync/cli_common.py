@@ -14,6 +14,7 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
+from modelsync import interrupt
 from modelsync.adapters.cache import Cache
 from modelsync.config import (
     CACHE_SETTINGS,
@@ -44,8 +45,7 @@ def user_errors(fn: Callable[P, R]) -> Callable[P, R]:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(int(exc.exit_code)) from None
         except KeyboardInterrupt:
-            typer.echo("error: interrupted; run the command again to resume", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(interrupt.report()) from None
 
     return wrapper
 

@@ -148,13 +148,16 @@ class RetryPolicy:
     error_cap_s: float = 5.0
 
     def scaled(self, factor: float) -> RetryPolicy:
-        """The same shape with every wait multiplied by `factor`: how tests keep backoff short."""
+        """The same shape with every wait of its own multiplied by `factor`: how tests keep backoff short.
+
+        What the store asks for (Retry-After, up to its cap) is not scaled.
+        """
         return RetryPolicy(
             budget_s=self.budget_s,
             attempts=self.attempts,
             throttle_floor_s=self.throttle_floor_s * factor,
             throttle_cap_s=self.throttle_cap_s * factor,
-            retry_after_cap_s=self.retry_after_cap_s * factor,
+            retry_after_cap_s=self.retry_after_cap_s,
             error_base_s=self.error_base_s * factor,
             error_cap_s=self.error_cap_s * factor,
         )
@@ -203,7 +206,7 @@ class SendGate:
     Successes raise the rate again, doubling every `doubling_s` of successful
     traffic; once it passes `free_rate_per_s` the gate stops pacing. A
     `Retry-After` holds every start until it has passed. `time_scale` multiplies
-    every duration and divides every rate, like `RetryPolicy.scaled`.
+    every duration of the gate's own and divides every rate, like `RetryPolicy.scaled`.
 
     Not thread-safe by itself: the caller holds a lock around each call.
     """
@@ -212,9 +215,9 @@ class SendGate:
         self,
         *,
         beta: float = 0.7,
-        min_rate_per_s: float = 0.5,
+        min_rate_per_s: float = 1.0,
         free_rate_per_s: float = 1000.0,
-        doubling_s: float = 2.0,
+        doubling_s: float = 1.0,
         window_s: float = 2.0,
         decrease_every_s: float = 0.5,
         retry_after_cap_s: float = 60.0,
@@ -228,7 +231,7 @@ class SendGate:
         self._doubling_s = doubling_s * time_scale
         self._window_s = window_s * time_scale
         self._decrease_every_s = decrease_every_s * time_scale
-        self._retry_after_cap_s = retry_after_cap_s * time_scale
+        self._retry_after_cap_s = retry_after_cap_s
         #: requests per second allowed to start; None: not paced
         self.rate_per_s: float | None = None
         self._next_start = 0.0

@@ -16,16 +16,18 @@ tests can count GETs and body bytes (resume must refetch only what is missing).
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import fcntl
 import socket
 import struct
 import termios
 import threading
+import time
 from collections.abc import AsyncIterable
 from dataclasses import asdict, dataclass
 from typing import Literal, Self, get_args
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 import aiohttp
 from aiohttp import web
@@ -34,7 +36,9 @@ from yarl import URL
 
 from support.service import Service
 
-FaultAction = Literal["status503", "status500", "status403", "reset", "truncate", "bitflip", "stall", "delay"]
+FaultAction = Literal[
+    "status503", "status500", "status403", "expired_token", "reset", "truncate", "bitflip", "stall", "delay"
+]
 FAULT_ACTIONS: frozenset[str] = frozenset(get_args(FaultAction))
 
 CONTROL_PATH = "/__fault__"
@@ -50,6 +54,7 @@ _ERROR_BODIES: dict[str, tuple[int, str, str]] = {
     "status503": (503, "SlowDown", "Please reduce your request rate."),
     "status500": (500, "InternalError", "We encountered an internal error. Please try again."),
     "status403": (403, "AccessDenied", "Access Denied"),
+    "expired_token": (400, "ExpiredToken", "The provided token has expired."),
 }
 
 # Connection-scoped headers (RFC 9110 section 7.6.1) describe one hop, not the message.
@@ -81,7 +86,8 @@ class Fault:
     empty matches everything. `method=None` matches any method. What `arg` means
     depends on the action: body bytes to send before `reset` / `truncate` / `stall`
     (`reset` with a negative arg resets before the status line), the body offset
-    whose lowest bit `bitflip` inverts, or the seconds `delay` waits before headers.
+    whose lowest bit `bitflip` inverts, the seconds `delay` waits before headers, or
+    the seconds of `Retry-After` an error answer carries (none when 0).
     """
 
     action: FaultAction
@@ -156,6 +162,15 @@ def _unacked_bytes(sock: socket.socket) -> int:
     return int(struct.unpack("i", raw)[0])
 
 
+def _presign_expired(raw_path: str) -> bool:
+    """Whether a presigned URL's X-Amz-Date + X-Amz-Expires lies in the past."""
+    query = parse_qs(raw_path.partition("?")[2])
+    if "X-Amz-Date" not in query or "X-Amz-Expires" not in query:
+        return False
+    signed = calendar.timegm(time.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ"))
+    return time.time() > signed + int(query["X-Amz-Expires"][0])
+
+
 def _error_body(action: str) -> tuple[int, bytes]:
     status, code, message = _ERROR_BODIES[action]
     body = (
@@ -169,11 +184,16 @@ def _error_body(action: str) -> tuple[int, bytes]:
 class FaultProxy(Service):
     """Forward to `upstream_url`; misbehave as queued. Start with `start()` or `with`."""
 
-    def __init__(self, upstream_url: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, upstream_url: str, host: str = "127.0.0.1", enforce_presign_expiry: bool = False
+    ) -> None:
         self._upstream = upstream_url.rstrip("/")
         self._host = host
+        # moto never checks a presigned URL's expiry; with this the proxy does, as S3 does.
+        self._enforce_expiry = enforce_presign_expiry
         self._lock = threading.Lock()
         self._faults: list[_Queued] = []
+        self._sustained: list[tuple[float, Fault]] = []
         self._log: list[_Entry] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -217,6 +237,19 @@ class FaultProxy(Service):
         with self._lock:
             self._faults.append(_Queued(Fault(action, match, arg, method), times))
 
+    def sustain(
+        self, action: FaultAction, seconds: float, match: str = "", method: str | None = "GET"
+    ) -> None:
+        """Answer every matching request with `action` (an error status) for the next `seconds`.
+
+        Sustained faults win over queued ones; they model a store that throttles
+        (`status503`) or refuses a token (`expired_token`) for a stretch of time.
+        """
+        if action not in _ERROR_BODIES:
+            raise ValueError(f"only error answers can be sustained: {sorted(_ERROR_BODIES)}")
+        with self._lock:
+            self._sustained.append((time.monotonic() + seconds, Fault(action, match, 0, method)))
+
     def pending_faults(self) -> list[Fault]:
         """Faults not yet consumed (one entry per remaining use), to assert none was missed."""
         with self._lock:
@@ -240,6 +273,7 @@ class FaultProxy(Service):
         """Forget the log and drop every queued fault."""
         with self._lock:
             self._faults.clear()
+            self._sustained.clear()
             self._log.clear()
 
     # ---- lifecycle ----
@@ -301,6 +335,10 @@ class FaultProxy(Service):
 
     def _take_fault(self, method: str, raw_path: str) -> Fault | None:
         with self._lock:
+            now = time.monotonic()
+            for until, fault in self._sustained:
+                if now < until and fault.applies_to(method, raw_path):
+                    return fault
             for queued in self._faults:
                 if queued.fault.applies_to(method, raw_path):
                     queued.remaining -= 1
@@ -335,8 +373,11 @@ class FaultProxy(Service):
         self, request: web.BaseRequest, entry: _Entry, fault: Fault | None
     ) -> web.StreamResponse:
         body = await request.content.read()
+        if fault is None and self._enforce_expiry and _presign_expired(request.raw_path):
+            fault = Fault("status403")
+            self._record(entry, fault="status403")
         if fault is not None and fault.action in _ERROR_BODIES:
-            return await self._answer_error(request, entry, fault.action)
+            return await self._answer_error(request, entry, fault)
         if fault is not None and fault.action == "reset" and fault.arg < 0:
             self._reset(request)
             return web.Response(status=499)  # never sent: the connection is gone
@@ -428,14 +469,14 @@ class FaultProxy(Service):
             if budget is not None and sent >= budget:
                 return
 
-    async def _answer_error(self, request: web.BaseRequest, entry: _Entry, action: str) -> web.StreamResponse:
-        status, body = _error_body(action)
-        response = web.Response(
-            status=status,
-            body=body,
-            content_type="application/xml",
-            headers={"x-amz-request-id": "faultproxy"},
-        )
+    async def _answer_error(
+        self, request: web.BaseRequest, entry: _Entry, fault: Fault
+    ) -> web.StreamResponse:
+        status, body = _error_body(fault.action)
+        headers = {"x-amz-request-id": "faultproxy"}
+        if fault.arg > 0:
+            headers["Retry-After"] = f"{fault.arg:g}"
+        response = web.Response(status=status, body=body, content_type="application/xml", headers=headers)
         sent = 0 if request.method == "HEAD" else len(body)
         self._record(entry, status=status, body_bytes_sent=sent)
         return response

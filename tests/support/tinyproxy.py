@@ -67,11 +67,10 @@ class TinyProxy(Service):
             lines.append(f"BasicAuth {self._auth[0]} {self._auth[1]}")
         config = self._dir / "tinyproxy.conf"
         config.write_text("\n".join(lines) + "\n")
-        self._proc = subprocess.Popen(
-            [binary, "-d", "-c", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=(self._dir / "tinyproxy.stderr").open("wb"),
-        )
+        with (self._dir / "tinyproxy.stderr").open("wb") as stderr:
+            self._proc = subprocess.Popen(
+                [binary, "-d", "-c", str(config)], stdout=subprocess.DEVNULL, stderr=stderr
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -1,0 +1,259 @@
+"""The pull when a fleet meets one store: sustained throttling, expiring credentials, a real proxy.
+
+In-process pulls against moto through the fault proxy (which can throttle for a
+stretch of time, refuse a token, and check presigned expiry as S3 does), and CLI
+pulls through Debian's tinyproxy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pytest
+from botocore.client import BaseClient
+from support.faultproxy import FaultProxy
+from support.s3env import S3Env
+from support.tinyproxy import TinyProxy, tinyproxy_binary
+
+from modelsync.config import Settings
+from modelsync.core.refs import parse_source
+from modelsync.engine.events import NoEvents
+from modelsync.engine.pull import pull
+
+MiB = 1024 * 1024
+PART = MiB
+PREFIX = "org/model/rev1/"
+
+
+def payload(size: int, seed: int) -> bytes:
+    block = bytes((i * 31 + seed) % 251 for i in range(4096))
+    return (block * (size // len(block) + 1))[:size]
+
+
+def put_model(s3_client: BaseClient, bucket: str, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        s3_client.put_object(Bucket=bucket, Key=PREFIX + name, Body=data)
+
+
+def assert_pulled(settings: Settings, bucket: str, files: dict[str, bytes]) -> None:
+    root = settings.cache_dir / bucket / PREFIX
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == files
+
+
+def query_of(path: str) -> dict[str, list[str]]:
+    return parse_qs(path.partition("?")[2])
+
+
+@pytest.fixture
+def settings_via(tmp_path: Path, aws_credentials: S3Env) -> object:
+    def make(endpoint_url: str, **overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "cache_dir": tmp_path / "cache",
+            "endpoint_url": endpoint_url,
+            "part_size_bytes": PART,
+            "concurrency": 4,
+            "read_timeout_s": 5.0,
+            "connect_timeout_s": 2.0,
+            "backoff_floor_s": 0.02,
+        }
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+    return make
+
+
+# ---- throttling -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_pull_rides_out_eight_seconds_of_slow_down_on_every_get_with_correct_bytes(
+    settings_via: object, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
+) -> None:
+    """Real time and the real retry schedule: the floor of seconds and the shared gate."""
+    files = {f"weights-{i}.bin": payload(4 * PART + 77 * i, i) for i in range(3)}
+    put_model(s3_client, bucket, files)
+    settings = settings_via(fault_proxy.endpoint_url, backoff_floor_s=1.0)  # type: ignore[operator]
+    fault_proxy.sustain("status503", 8.0, match="weights-")
+    started = time.monotonic()
+
+    pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+
+    took_s = time.monotonic() - started
+    assert_pulled(settings, bucket, files)
+    gets = fault_proxy.requests("weights-", method="GET")
+    throttled = [r for r in gets if r.status == 503]
+    assert took_s >= 8.0
+    assert throttled, "the store throttled"
+    assert {r.status for r in gets} <= {503, 206}
+    # Seconds of backoff and one gate for all parts: a few dozen 503s in 8 s, not thousands.
+    assert len(throttled) < 100, len(throttled)
+    print(f"sustained SlowDown: pull took {took_s:.1f} s, {len(throttled)} answers 503, {len(gets)} GETs")
+
+
+def test_a_part_honours_retry_after_above_its_own_backoff(
+    settings_via: object, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
+) -> None:
+    files = {"small.bin": payload(PART, 3)}
+    put_model(s3_client, bucket, files)
+    fault_proxy.add_fault("status503", match="small.bin", arg=1.5)  # Retry-After: 1.5
+    settings = settings_via(fault_proxy.endpoint_url)  # type: ignore[operator]  # backoff floor 0.02 s
+    started = time.monotonic()
+
+    pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+
+    assert time.monotonic() - started >= 1.5
+    assert [r.status for r in fault_proxy.requests("small.bin", method="GET")] == [503, 206]
+    assert_pulled(settings, bucket, files)
+
+
+# ---- credentials ----------------------------------------------------------------------
+
+CREDENTIAL_PROCESS = """\
+import json, sys, time
+from pathlib import Path
+counter = Path(sys.argv[1])
+n = int(counter.read_text()) + 1 if counter.exists() else 1
+counter.write_text(str(n))
+expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+print(json.dumps({"Version": 1, "AccessKeyId": "testing", "SecretAccessKey": "testing",
+                  "SessionToken": f"session{n}x", "Expiration": expiry}))
+"""
+
+
+@pytest.fixture
+def expiring_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aws_credentials: S3Env) -> Path:
+    """Temporary credentials from a credential process: each run hands out the next session token.
+
+    Returns the file counting how often the chain was resolved.
+    """
+    script, counter, config = tmp_path / "creds.py", tmp_path / "resolved", tmp_path / "aws-config"
+    script.write_text(CREDENTIAL_PROCESS)
+    config.write_text(f"[default]\ncredential_process = {sys.executable} {script} {counter}\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    return counter
+
+
+@pytest.mark.timeout(60)
+def test_credentials_that_expire_mid_pull_are_resolved_again_and_the_pull_succeeds(
+    settings_via: object,
+    fault_proxy: FaultProxy,
+    s3_client: BaseClient,
+    bucket: str,
+    expiring_credentials: Path,
+) -> None:
+    files = {"weights.bin": payload(8 * PART + 5, 1)}
+    put_model(s3_client, bucket, files)
+    settings = settings_via(fault_proxy.endpoint_url, max_bandwidth_bytes_per_s=3 * MiB)  # type: ignore[operator]
+
+    def expire_first_token() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any(r.status == 206 for r in fault_proxy.requests("weights.bin", method="GET")):
+                fault_proxy.sustain("expired_token", 60.0, match="X-Amz-Security-Token=session1x")
+                return
+            time.sleep(0.02)
+
+    # The store declares the first session's token expired once the pull is under way.
+    arming = threading.Thread(target=expire_first_token)
+    arming.start()
+    pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+    arming.join()
+
+    assert_pulled(settings, bucket, files)
+    gets = fault_proxy.requests("weights.bin", method="GET")
+    refused = [r for r in gets if r.fault == "expired_token"]
+    assert refused, "the first token was refused mid-pull"
+    tokens_after = {query_of(r.path)["X-Amz-Security-Token"][0] for r in gets if r.status == 206}
+    assert {"session1x"} < tokens_after, "later parts were signed with freshly resolved credentials"
+    assert int(expiring_credentials.read_text()) >= 2
+
+
+@pytest.mark.timeout(60)
+def test_urls_are_signed_again_before_they_expire_during_a_long_pull(
+    settings_via: object, s3_env: S3Env, s3_client: BaseClient, bucket: str
+) -> None:
+    files = {"weights.bin": payload(10 * PART, 2)}
+    put_model(s3_client, bucket, files)
+    with FaultProxy(s3_env.endpoint_url, enforce_presign_expiry=True) as proxy:
+        settings = settings_via(  # type: ignore[operator]
+            proxy.endpoint_url, presign_expiry_s=3.0, max_bandwidth_bytes_per_s=2 * MiB, concurrency=2
+        )
+        pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+        gets = proxy.requests("weights.bin", method="GET")
+    assert_pulled(settings, bucket, files)
+    assert [r for r in gets if r.status != 206] == [], "no request went out on an expired URL"
+    assert len({query_of(r.path)["X-Amz-Date"][0] for r in gets}) >= 2, "signed again mid-pull"
+
+
+# ---- control plane: decided on codes ------------------------------------------------------
+
+
+def test_a_model_without_a_manifest_in_a_bucket_named_like_ml_bucket_pulls_by_listing(
+    settings_via: object, s3_env: S3Env, s3_client: BaseClient
+) -> None:
+    bucket = f"ml-bucket-{uuid.uuid4().hex[:8]}"
+    s3_client.create_bucket(Bucket=bucket)
+    files = {"config.json": b"{}", "weights.bin": payload(2 * PART + 3, 5)}
+    put_model(s3_client, bucket, files)
+    settings = settings_via(s3_env.endpoint_url)  # type: ignore[operator]
+
+    result = pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+
+    assert result.files == 2
+    assert_pulled(settings, bucket, files)
+
+
+# ---- a real forward proxy ------------------------------------------------------------------
+
+needs_tinyproxy = pytest.mark.skipif(tinyproxy_binary() is None, reason="tinyproxy is not installed")
+
+
+@needs_tinyproxy
+@pytest.mark.timeout(60)
+def test_a_cli_pull_goes_through_a_real_proxy_and_its_log_shows_every_ranged_get(
+    tmp_path: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
+) -> None:
+    files = {"weights.bin": payload(5 * PART + 9, 6)}
+    put_model(s3_client, bucket, files)
+    with TinyProxy(tmp_path / "tinyproxy") as proxy:
+        env = s3_env.subprocess_env()
+        env.update({"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "NO_PROXY": "", "no_proxy": ""})
+        done = subprocess.run(
+            [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
+             "--part-size", "1Mi", "--cache-dir", str(tmp_path / "cache")],
+            env=env, capture_output=True, text=True, timeout=50,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        logged = proxy.requests(f"/{bucket}/{PREFIX}weights.bin?")
+    assert (tmp_path / "cache" / bucket / PREFIX / "weights.bin").read_bytes() == files["weights.bin"]
+    # One absolute-form GET per 1 MiB part, each a presigned URL of the endpoint.
+    assert len(logged) == 6, logged
+    assert all(line.startswith(f"GET {s3_env.endpoint_url}/") for line in logged)
+    assert all("X-Amz-Signature=" in line for line in logged)
+
+
+@needs_tinyproxy
+@pytest.mark.timeout(60)
+def test_no_proxy_sends_the_data_plane_direct_like_the_control_plane(
+    tmp_path: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
+) -> None:
+    put_model(s3_client, bucket, {"weights.bin": payload(PART, 7)})
+    with TinyProxy(tmp_path / "tinyproxy") as proxy:
+        env = s3_env.subprocess_env()  # NO_PROXY holds 127.0.0.1
+        env.update({"HTTP_PROXY": proxy.url, "http_proxy": proxy.url})
+        done = subprocess.run(
+            [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
+             "--cache-dir", str(tmp_path / "cache")],
+            env=env, capture_output=True, text=True, timeout=50,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert proxy.requests() == []

@@ -49,6 +49,9 @@ class ExitCode(IntEnum):
     LOCAL_STORAGE = 6
     REMOTE_UNAVAILABLE = 7
     NOT_ALLOWED = 8
+    #: stopped by SIGINT (Ctrl-C) or SIGTERM: 128 + the signal's number; the next run resumes
+    INTERRUPTED = 130
+    TERMINATED = 143
 
 
 class ModelsyncError(Exception):

@@ -17,6 +17,8 @@ import signal
 import sys
 from types import FrameType
 
+from modelsync.errors import ExitCode
+
 _received: int | None = None
 
 
@@ -42,4 +44,4 @@ def report() -> int:
         f"error: interrupted by {name}; completed work is kept, run the command again to resume",
         file=sys.stderr,
     )
-    return 128 + signum
+    return int(ExitCode(128 + signum))

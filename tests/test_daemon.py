@@ -328,6 +328,36 @@ def test_daemon_stops_within_10s_of_sigterm_mid_pull_and_leaves_a_journal_to_res
     assert (tmp_path / "cache/models/org/m4/r1/weights.bin").read_bytes() == payload(16 * MiB, 4)
 
 
+def test_daemon_stops_within_its_grace_of_sigterm_while_every_transfer_hangs(
+    tmp_path: Path, moto_subprocess_s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    """Every GET stalls mid-body and the read timeout is 30 s: only shutting the sockets down stops it."""
+    upload(moto_subprocess_s3_env, "models", "org/hang/r1/", {"weights.bin": payload(8 * MiB, 9)})
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([("hang", "s3://models/org/hang/r1/", "always")]))
+    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
+        proxy.add_fault("stall", match="weights.bin", arg=64 * 1024, times=10_000)
+        env = moto_subprocess_s3_env.via(proxy.endpoint_url).subprocess_env()
+        env["MODELSYNC_READ_TIMEOUT"] = "30"
+        daemon = start_daemon(schedule, env, "--part-size", "1Mi", "--concurrency", "4")
+
+        def hanging() -> int:
+            return len([r for r in proxy.requests("weights.bin", "GET") if r.body_bytes_sent and not r.done])
+
+        wait_until(lambda: hanging() >= 4, what="every transfer hangs")
+        time.sleep(0.3)
+
+        code, seconds = daemon.stop()
+
+    print(f"daemon exited {seconds:.2f} s after SIGTERM with every transfer hanging")
+    assert code == 0
+    assert seconds < 8.0  # LoopConfig.stop_grace_s
+    still_pulling = [e for e in daemon.logs() if "still being pulled" in str(e.get("msg"))]
+    assert still_pulling == [], "the pull stopped within the grace"
+    staging = tmp_path / "cache" / STATE_DIR / "staging"
+    assert [p for p in staging.iterdir() if p.name.endswith(".journal")]
+
+
 def test_daemon_stays_healthy_and_ready_while_s3_is_unreachable(
     tmp_path: Path, start_daemon: Callable[..., Daemon]
 ) -> None:

@@ -2,7 +2,11 @@
 
 Bulk bytes of a pull do not pass through here (see adapters/ranged_http.py);
 what does is small and latency-bound. botocore retries throttling, 5xx and
-connection errors itself (standard mode); nothing here retries on top of it.
+connection errors itself (standard mode). Only when its attempts end on
+throttling do the reads a pull needs (manifest, listing, heads) keep waiting,
+with the same floor-of-seconds schedule and budget as the data plane
+(`RetryPolicy`): a store that throttles a whole pool for minutes is busy, not
+down.
 Every botocore/aiohttp exception is translated into modelsync.errors at this
 boundary, by its S3 error code and status through the same classification as
 the data plane (modelsync.core.retry.classify), never by message text; and no
@@ -11,11 +15,14 @@ message ever includes a credential.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
 import ssl
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -34,7 +41,7 @@ from botocore.exceptions import (
 
 from modelsync.config import Settings
 from modelsync.core.refs import ModelRef
-from modelsync.core.retry import Verdict, classify
+from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
 from modelsync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -56,6 +63,8 @@ _PLAIN_TEXT_REPLIES = {
     "PACKET_LENGTH_TOO_LONG",
     "UNKNOWN_PROTOCOL",
 }
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,20 +160,41 @@ def _is_missing_key(exc: ClientError) -> bool:
 
 
 class S3:
-    """One aiobotocore client for a command's lifetime."""
+    """One aiobotocore client for a command's lifetime; `policy` bounds riding out throttling."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, policy: RetryPolicy | None = None) -> None:
         self._client = client
+        self._policy = policy or RetryPolicy()
+
+    async def _read(self, what: str, bucket: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run a read; when botocore gives up on throttling, wait and run it again, within the budget."""
+        started = time.monotonic()
+        throttles = 0
+        while True:
+            with s3_errors(what, bucket):
+                try:
+                    return await call()
+                except ClientError as exc:
+                    code, status = _code_and_status(exc)
+                    spent_s = time.monotonic() - started
+                    if (
+                        classify(status, code or None) is not Verdict.THROTTLED
+                        or spent_s >= self._policy.budget_s
+                    ):
+                        raise
+            throttles += 1
+            wait_s = backoff_s(self._policy, throttles, throttled=True, jitter=random.random())
+            await asyncio.sleep(min(wait_s, max(0.0, self._policy.budget_s - spent_s)))
 
     async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
         """The manifest's bytes, or None when the model has none (a plain prefix).
 
         Only a missing key means "no manifest"; a missing bucket is an error.
         """
-        key = ref.prefix + name
-        with s3_errors(f"reading {ref.uri}{name}", ref.bucket):
+
+        async def fetch() -> bytes | None:
             try:
-                resp = await self._client.get_object(Bucket=ref.bucket, Key=key)
+                resp = await self._client.get_object(Bucket=ref.bucket, Key=ref.prefix + name)
             except ClientError as exc:
                 if _is_missing_key(exc):
                     return None
@@ -173,14 +203,20 @@ class S3:
                 data: bytes = await body.read()
                 return data
 
+        return await self._read(f"reading {ref.uri}{name}", ref.bucket, fetch)
+
     async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
         """Every object under the prefix; an empty prefix is NotFoundError."""
-        objects: list[ObjectInfo] = []
-        with s3_errors(f"listing {ref.uri}", ref.bucket):
+
+        async def listing() -> list[ObjectInfo]:
+            objects: list[ObjectInfo] = []
             paginator = self._client.get_paginator("list_objects_v2")
             async for page in paginator.paginate(Bucket=ref.bucket, Prefix=ref.prefix):
                 for item in page.get("Contents", ()):
                     objects.append(ObjectInfo(item["Key"], int(item["Size"]), _strip(item["ETag"])))
+            return objects
+
+        objects = await self._read(f"listing {ref.uri}", ref.bucket, listing)
         if not objects:
             await self._refuse_object_as_prefix(ref)
             raise NotFoundError(f"no objects under {ref.uri}; check the prefix")
@@ -215,14 +251,18 @@ class S3:
         )
 
     async def head(self, bucket: str, key: str) -> ObjectInfo:
-        with s3_errors(f"reading s3://{bucket}/{key}", bucket):
-            resp = await self._client.head_object(Bucket=bucket, Key=key)
+        resp = await self._read(
+            f"reading s3://{bucket}/{key}", bucket, lambda: self._client.head_object(Bucket=bucket, Key=key)
+        )
         return ObjectInfo(key, int(resp["ContentLength"]), _strip(resp["ETag"]))
 
     async def first_part_bytes(self, bucket: str, key: str) -> int | None:
         """Size of part 1 of a multipart object: the part size its ETag was computed with."""
-        with s3_errors(f"reading part 1 of s3://{bucket}/{key}", bucket):
-            resp = await self._client.head_object(Bucket=bucket, Key=key, PartNumber=1)
+        resp = await self._read(
+            f"reading part 1 of s3://{bucket}/{key}",
+            bucket,
+            lambda: self._client.head_object(Bucket=bucket, Key=key, PartNumber=1),
+        )
         return int(resp["ContentLength"]) if resp.get("PartsCount") else None
 
     async def presign_get(self, bucket: str, key: str, expiry_s: float) -> str:
@@ -298,6 +338,13 @@ class S3:
             await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
 
 
+def retry_policy(settings: Settings) -> RetryPolicy:
+    """The retry schedule both planes follow, from the settings (budget, attempts, floor)."""
+    return RetryPolicy(budget_s=settings.retry_budget_s, attempts=settings.part_attempts).scaled(
+        settings.backoff_floor_s / RetryPolicy().throttle_floor_s
+    )
+
+
 def client_config(settings: Settings) -> AioConfig:
     return AioConfig(
         signature_version="s3v4",
@@ -330,4 +377,4 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
         config=client_config(settings),
         verify=verify,
     ) as client:
-        yield S3(client)
+        yield S3(client, retry_policy(settings))

@@ -40,7 +40,7 @@ from modelsync.adapters.ranged_http import (
     TransientFetchError,
     make_ssl_context,
 )
-from modelsync.adapters.s3 import S3, ObjectInfo, open_s3
+from modelsync.adapters.s3 import S3, ObjectInfo, open_s3, retry_policy
 from modelsync.config import Settings, check_ca_bundle
 from modelsync.core.etag import EtagKind, etag_kind, multipart_count, multipart_etag, part_size_fits
 from modelsync.core.keys import safe_relative_path
@@ -255,10 +255,10 @@ class _Puller:
         #: SHA-256 of each file hashed while it downloaded (only when a signature is checked)
         self.sha256s: dict[str, str] = {}
         #: paces requests when the store throttles; shared by every pull of this process to that store
-        time_scale = settings.backoff_floor_s / RetryPolicy().throttle_floor_s
-        self.gate: StoreGate = store_gate(settings.endpoint_url or f"aws:{settings.region}", time_scale)
-        self.policy = RetryPolicy(budget_s=settings.retry_budget_s, attempts=settings.part_attempts).scaled(
-            time_scale
+        self.policy = retry_policy(settings)
+        self.gate: StoreGate = store_gate(
+            settings.endpoint_url or f"aws:{settings.region}",
+            settings.backoff_floor_s / RetryPolicy().throttle_floor_s,
         )
         #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
         self.credentials_generation = 0

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.tinyproxy import TinyProxy, tinyproxy_binary
 
 from modelsync.adapters.ranged_http import (
     PresignedUrlExpiredError,
@@ -30,6 +31,7 @@ from modelsync.adapters.ranged_http import (
     RangeRequest,
     TransientFetchError,
     UnexpectedResponseError,
+    environ_proxy,
     make_ssl_context,
 )
 from modelsync.errors import (
@@ -38,6 +40,7 @@ from modelsync.errors import (
     NotFoundError,
     ObjectChangedError,
     RemoteUnavailableError,
+    UsageError,
     WrongEndpointError,
 )
 
@@ -560,3 +563,106 @@ def test_tls_stall_times_out(tls_files: tuple[Path, Path], target: int) -> None:
             client.fetch_into(RangeRequest(server.url("https"), 0, len(DATA), None), target, 0)
     assert info.value.reason == "timeout"
     assert info.value.bytes_written == 50_000
+
+
+# ---- proxies -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "proxy"),
+    [
+        ("https://s3.example/b/k", {"HTTPS_PROXY": "http://p:3128"}, "http://p:3128"),
+        ("https://s3.example/b/k", {"https_proxy": "p:3128"}, "http://p:3128"),
+        ("http://s3.example/b/k", {"HTTPS_PROXY": "http://p:3128"}, None),
+        ("http://s3.example/b/k", {"HTTP_PROXY": "http://q:8080"}, "http://q:8080"),
+        ("https://s3.example/b/k", {"HTTPS_PROXY": "http://p:3128", "NO_PROXY": "s3.example"}, None),
+        ("https://b.s3.example/k", {"HTTPS_PROXY": "http://p:3128", "NO_PROXY": ".s3.example"}, None),
+        (
+            "https://s3.example/b/k",
+            {"HTTPS_PROXY": "http://p:3128", "NO_PROXY": "other.example"},
+            "http://p:3128",
+        ),
+    ],
+)
+def test_the_data_plane_picks_the_proxy_botocore_picks(
+    monkeypatch: pytest.MonkeyPatch, url: str, env: dict[str, str], proxy: str | None
+) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert environ_proxy(url) == proxy
+
+
+needs_tinyproxy = pytest.mark.skipif(tinyproxy_binary() is None, reason="tinyproxy is not installed")
+
+
+@needs_tinyproxy
+def test_https_goes_through_a_connect_tunnel_of_a_real_proxy(
+    tmp_path: Path, tls_files: tuple[Path, Path], target: int
+) -> None:
+    ctx = make_ssl_context(ca_bundle=str(tls_files[0]))
+    with (
+        TinyProxy(tmp_path / "tinyproxy") as proxy,
+        ScriptedServer([serve_range, serve_range], tls=_server_tls(tls_files)) as server,
+        _client(ssl_context=ctx, proxy_for=lambda _url: proxy.url) as client,
+    ):
+        url = server.url("https", "localhost")
+        client.fetch_into(RangeRequest(url, 0, 700_000, ETAG), target, 0)
+        client.fetch_into(RangeRequest(url, 700_000, len(DATA), ETAG), target, 700_000)
+        assert proxy.requests() == [f"CONNECT localhost:{server.port} HTTP/1.1"]  # one tunnel, kept alive
+        assert server.requests[0].startswith(b"GET /bucket/key?X-Amz-Signature=x HTTP/1.1\r\n")
+    assert _read(target, 0, len(DATA)) == DATA
+
+
+@needs_tinyproxy
+def test_http_goes_through_a_real_proxy_in_absolute_form(tmp_path: Path, target: int) -> None:
+    with (
+        TinyProxy(tmp_path / "tinyproxy") as proxy,
+        ScriptedServer([serve_range, serve_range]) as server,
+        _client(proxy_for=lambda _url: proxy.url) as client,
+    ):
+        client.fetch_into(RangeRequest(server.url(), 0, 1000, ETAG), target, 0)
+        client.fetch_into(RangeRequest(server.url(), 1000, 5000, ETAG), target, 1000)
+        logged = proxy.requests()
+        assert b"\r\nRange: bytes=1000-4999\r\n" in server.requests[1]
+    assert logged == [f"GET {server.url()} HTTP/1.1"] * 2
+    assert _read(target, 0, 5000) == DATA[:5000]
+
+
+@needs_tinyproxy
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_proxy_that_wants_other_credentials_is_access_denied(
+    tmp_path: Path, tls_files: tuple[Path, Path], target: int, scheme: str
+) -> None:
+    with (
+        TinyProxy(tmp_path / "tinyproxy", basic_auth=("user", "right")) as proxy,
+        ScriptedServer([serve_range], tls=_server_tls(tls_files) if scheme == "https" else None) as server,
+        _client(
+            ssl_context=make_ssl_context(ca_bundle=str(tls_files[0])),
+            proxy_for=lambda _url: proxy.url.replace(":right@", ":wrong@"),
+        ) as client,
+        pytest.raises(AccessDeniedError, match=r"proxy 127\.0\.0\.1:\d+ refused .*(401|407)"),
+    ):
+        client.fetch_into(RangeRequest(server.url(scheme, "localhost"), 0, 100, None), target, 0)
+
+
+@needs_tinyproxy
+def test_a_proxy_with_the_right_credentials_lets_the_tunnel_through(
+    tmp_path: Path, tls_files: tuple[Path, Path], target: int
+) -> None:
+    with (
+        TinyProxy(tmp_path / "tinyproxy", basic_auth=("user", "right")) as proxy,
+        ScriptedServer([serve_range], tls=_server_tls(tls_files)) as server,
+        _client(
+            ssl_context=make_ssl_context(ca_bundle=str(tls_files[0])), proxy_for=lambda _url: proxy.url
+        ) as client,
+    ):
+        client.fetch_into(RangeRequest(server.url("https", "localhost"), 0, 100, None), target, 0)
+    assert _read(target, 0, 100) == DATA[:100]
+
+
+def test_an_https_proxy_url_is_a_clear_usage_error(target: int) -> None:
+    with _client(proxy_for=lambda _url: "https://proxy.example:3128") as client, pytest.raises(UsageError):
+        client.fetch_into(RangeRequest("https://s3.example/b/k", 0, 100, None), target, 0)

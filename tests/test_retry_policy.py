@@ -37,6 +37,7 @@ POLICY = RetryPolicy()
         (403, "AccessDenied", False, Verdict.DENIED),
         (403, "SignatureDoesNotMatch", False, Verdict.DENIED),
         (403, None, False, Verdict.DENIED),
+        (407, None, False, Verdict.DENIED),
         (404, "NoSuchKey", False, Verdict.NOT_FOUND),
         (404, "NoSuchBucket", False, Verdict.NOT_FOUND),
         (412, "PreconditionFailed", False, Verdict.CHANGED),

@@ -570,6 +570,12 @@ class RangeClient:
                 f"{where}: {detail}; presign the URL again",
                 token_expired=classify(status, code) is Verdict.EXPIRED,
             )
+        proxy = self._proxies.get(_parse_url(req.url)[0])
+        if verdict is Verdict.DENIED and proxy is not None and status in (401, 407):
+            return AccessDeniedError(
+                f"{where}: proxy {proxy.netloc} refused the request ({status}); put the proxy's "
+                "user and password in the proxy URL (HTTP_PROXY / HTTPS_PROXY)"
+            )
         if verdict is Verdict.DENIED:
             return AccessDeniedError(
                 f"{where}: {detail}; check the credentials and the bucket policy for this identity"
@@ -675,7 +681,7 @@ def _tunnel(sock: socket.socket, endpoint: _Endpoint, proxy: _Proxy) -> None:
     if 200 <= status < 300:
         return
     what = f"proxy {proxy.netloc} refused CONNECT {authority}: {status_line}"
-    if status == 407:
+    if status in (401, 407):
         raise AccessDeniedError(f"{what}; put the proxy's user and password in the proxy URL")
     if status in (502, 503, 504):
         raise TransientFetchError(what, bytes_written=0, reason="connect", status=status)

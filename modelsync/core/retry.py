@@ -115,7 +115,7 @@ def classify(status: int, code: str | None = None, *, url_expired: bool = False)
         return Verdict.NOT_FOUND
     if code in _CHANGED_CODES or status in (412, 416):
         return Verdict.CHANGED
-    if code in _DENIED_CODES or status in (401, 403):
+    if code in _DENIED_CODES or status in (401, 403, 407):
         return Verdict.EXPIRED if url_expired else Verdict.DENIED
     if code in _RETRY_CODES or status == 408 or (status >= 500 and status not in _NEVER_RETRIED_5XX):
         return Verdict.RETRY

@@ -527,9 +527,9 @@ class _Puller:
         failures = throttles = expired = 0
         stuck_since: float | None = None
         while True:
+            await self.gate.admit()  # first: a long wait here must not age the URL
             url = await self._url(f)
             generation = self.credentials_generation
-            await self.gate.admit()
             req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
             try:
                 await _in_thread(

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelsync.core.retry import RetryPolicy, SendGate, Verdict, backoff_s, classify, presigned_expiry
+from modelsync.core.retry import (
+    PartRetries,
+    RetryPolicy,
+    SendGate,
+    Verdict,
+    backoff_s,
+    classify,
+    presigned_expiry,
+)
 
 POLICY = RetryPolicy()
 
@@ -92,6 +100,42 @@ def test_scaled_policy_shrinks_every_wait() -> None:
         backoff_s(POLICY, 3, throttled=True, jitter=0.5) * 0.01
     )
     assert fast.budget_s == POLICY.budget_s
+
+
+# -- one part's retries ---------------------------------------------------------------
+
+
+def test_throttling_does_not_count_against_attempts_only_against_the_budget() -> None:
+    retries = PartRetries(RetryPolicy(attempts=3, budget_s=600))
+    for second in range(500):
+        retries.failed(float(second), progressed=False, throttled=True)
+        assert not retries.exhausted(float(second))
+    retries.failed(600.0, progressed=False, throttled=True)
+    assert retries.exhausted(600.0)
+
+
+def test_other_failures_give_up_after_the_attempts() -> None:
+    retries = PartRetries(RetryPolicy(attempts=3))
+    for _ in range(2):
+        retries.failed(0.0, progressed=False, throttled=False)
+        assert not retries.exhausted(0.0)
+    retries.failed(0.0, progressed=False, throttled=False)
+    assert retries.exhausted(0.0)
+
+
+def test_progress_starts_the_count_and_the_budget_afresh() -> None:
+    retries = PartRetries(RetryPolicy(attempts=2, budget_s=10))
+    retries.failed(0.0, progressed=False, throttled=False)
+    retries.failed(9.0, progressed=True, throttled=False)
+    assert (retries.failures, retries.stuck_s(9.0)) == (1, 0.0)
+    assert not retries.exhausted(18.0)
+    assert retries.exhausted(19.0)
+
+
+def test_a_wait_never_runs_past_the_budget() -> None:
+    retries = PartRetries(RetryPolicy(budget_s=10))
+    retries.failed(0.0, progressed=False, throttled=True)
+    assert retries.wait_s(9.5, throttled=True, retry_after_s=60, jitter=0.5) == pytest.approx(0.5)
 
 
 # -- the gate -------------------------------------------------------------------------

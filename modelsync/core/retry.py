@@ -26,6 +26,7 @@ from enum import Enum
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
+    "PartRetries",
     "RetryPolicy",
     "SendGate",
     "Verdict",
@@ -191,6 +192,44 @@ def backoff_s(
     if retry_after_s is not None and retry_after_s > 0:
         wait = max(wait, min(retry_after_s, policy.retry_after_cap_s))
     return wait
+
+
+@dataclass(slots=True)
+class PartRetries:
+    """The retry state of one part: its failures since it last made progress.
+
+    A byte of progress starts the count afresh: a transfer that keeps breaking
+    but keeps advancing is not failing.
+    """
+
+    policy: RetryPolicy
+    failures: int = 0
+    throttles: int = 0
+    stuck_since: float | None = None
+
+    def failed(self, now: float, *, progressed: bool, throttled: bool) -> None:
+        if progressed:
+            self.failures = self.throttles = 0
+            self.stuck_since = None
+        if self.stuck_since is None:
+            self.stuck_since = now
+        if throttled:
+            self.throttles += 1
+        else:
+            self.failures += 1
+
+    def stuck_s(self, now: float) -> float:
+        return 0.0 if self.stuck_since is None else now - self.stuck_since
+
+    def exhausted(self, now: float) -> bool:
+        """Too many failures that were not throttling, or the budget spent without progress."""
+        return self.failures >= self.policy.attempts or self.stuck_s(now) >= self.policy.budget_s
+
+    def wait_s(self, now: float, *, throttled: bool, retry_after_s: float | None, jitter: float) -> float:
+        """The wait before the next attempt, never past the end of the budget."""
+        count = self.throttles if throttled else self.failures
+        wait = backoff_s(self.policy, count, throttled=throttled, retry_after_s=retry_after_s, jitter=jitter)
+        return min(wait, max(0.0, self.policy.budget_s - self.stuck_s(now)))
 
 
 # -- the shared gate ------------------------------------------------------------------

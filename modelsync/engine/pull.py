@@ -48,7 +48,7 @@ from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
 from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef, parse_model_name
-from modelsync.core.retry import RetryPolicy, backoff_s, presigned_expiry
+from modelsync.core.retry import PartRetries, RetryPolicy, presigned_expiry
 from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.events import ByteCounter, PullEvents
@@ -524,8 +524,8 @@ class _Puller:
         """
         start = part.start
         loop = asyncio.get_running_loop()
-        failures = throttles = expired = 0
-        stuck_since: float | None = None
+        retries = PartRetries(self.policy)
+        expired = 0
         while True:
             await self.gate.admit()  # first: a long wait here must not age the URL
             url = await self._url(f)
@@ -548,31 +548,22 @@ class _Puller:
                 continue
             except TransientFetchError as exc:
                 now = time.monotonic()
-                if exc.bytes_written:
-                    start += exc.bytes_written
-                    failures = throttles = 0
-                    stuck_since = None
-                stuck_since = now if stuck_since is None else stuck_since
+                start += exc.bytes_written
+                retries.failed(now, progressed=exc.bytes_written > 0, throttled=exc.throttled)
                 if exc.throttled:
-                    throttles += 1
                     self.gate.throttled(exc.retry_after_s)
-                else:
-                    failures += 1
-                stuck_s = now - stuck_since
-                if failures >= self.policy.attempts or stuck_s >= self.policy.budget_s:
+                if retries.exhausted(now):
                     raise RemoteUnavailableError(
-                        f"giving up on {f.key} bytes {start}-{part.end} after {failures + throttles} "
-                        f"failed attempts in {stuck_s:.0f} s without progress ({exc}); retry the pull "
-                        "later, it resumes where it stopped"
+                        f"giving up on {f.key} bytes {start}-{part.end} after "
+                        f"{retries.failures + retries.throttles} failed attempts in "
+                        f"{retries.stuck_s(now):.0f} s without progress ({exc}); retry the pull later, "
+                        "it resumes where it stopped"
                     ) from None
-                wait_s = backoff_s(
-                    self.policy,
-                    throttles if exc.throttled else failures,
-                    throttled=exc.throttled,
-                    retry_after_s=exc.retry_after_s,
-                    jitter=random.random(),
+                await asyncio.sleep(
+                    retries.wait_s(
+                        now, throttled=exc.throttled, retry_after_s=exc.retry_after_s, jitter=random.random()
+                    )
                 )
-                await asyncio.sleep(min(wait_s, max(0.0, self.policy.budget_s - stuck_s)))
                 continue
             break
         self.gate.succeeded()

@@ -3,7 +3,10 @@
 Every ModelsyncError becomes one `error: ...` line on stderr and its exit code
 (modelsync.errors.ExitCode), and so does a mistake the parser catches (an
 unknown option, a missing argument: exit 2); anything else is a bug and keeps
-its traceback. Commands that need no S3 (a warm pull, ls) never import the S3 stack.
+its traceback. Ctrl-C and SIGTERM stop any command at once with one
+`error: interrupted ...` line and exit 130 or 143; the next run resumes
+(modelsync/interrupt.py). Commands that need no S3 (a warm pull, ls) never
+import the S3 stack.
 
 Help is rendered as plain text, without markup, so the `[env var: ...; default: ...]`
 of each option shows as written; tests/test_cli_help.py renders every command's help.

@@ -121,24 +121,32 @@ def test_a_part_honours_retry_after_above_its_own_backoff(
 CREDENTIAL_PROCESS = """\
 import json, sys, time
 from pathlib import Path
-counter = Path(sys.argv[1])
+counter, lifetime_s = Path(sys.argv[1]), float(sys.argv[2])
 n = int(counter.read_text()) + 1 if counter.exists() else 1
 counter.write_text(str(n))
-expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + lifetime_s))
 print(json.dumps({"Version": 1, "AccessKeyId": "testing", "SecretAccessKey": "testing",
                   "SessionToken": f"session{n}x", "Expiration": expiry}))
 """
 
 
+#: botocore refreshes temporary credentials when signing with less than this left (its advisory window)
+BOTOCORE_ADVISORY_REFRESH_S = 900
+
+
 @pytest.fixture
-def expiring_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aws_credentials: S3Env) -> Path:
+def expiring_credentials(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aws_credentials: S3Env
+) -> Path:
     """Temporary credentials from a credential process: each run hands out the next session token.
 
-    Returns the file counting how often the chain was resolved.
+    Their lifetime is `request.param` seconds (1 h without one). Returns the file
+    counting how often the chain was resolved.
     """
+    lifetime_s = getattr(request, "param", 3600)
     script, counter, config = tmp_path / "creds.py", tmp_path / "resolved", tmp_path / "aws-config"
     script.write_text(CREDENTIAL_PROCESS)
-    config.write_text(f"[default]\ncredential_process = {sys.executable} {script} {counter}\n")
+    config.write_text(f"[default]\ncredential_process = {sys.executable} {script} {counter} {lifetime_s}\n")
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
@@ -179,6 +187,38 @@ def test_credentials_that_expire_mid_pull_are_resolved_again_and_the_pull_succee
     tokens_after = {query_of(r.path)["X-Amz-Security-Token"][0] for r in gets if r.status == 206}
     assert {"session1x"} < tokens_after, "later parts were signed with freshly resolved credentials"
     assert int(expiring_credentials.read_text()) >= 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("expiring_credentials", [BOTOCORE_ADVISORY_REFRESH_S + 3], indirect=True)
+def test_credentials_about_to_expire_are_replaced_before_the_store_refuses_them(
+    settings_via: object, s3_env: S3Env, s3_client: BaseClient, bucket: str, expiring_credentials: Path
+) -> None:
+    """Proactive: each session enters botocore's refresh window 3 s after it was issued, and the
+    store refuses the first one from 6 s on. URLs live 2 s and are signed again halfway, with
+    the refreshed session: no request carries the first session that late."""
+    files = {"weights.bin": payload(12 * PART, 8)}
+    put_model(s3_client, bucket, files)
+    with FaultProxy(s3_env.endpoint_url, enforce_presign_expiry=True) as proxy:
+        settings = settings_via(  # type: ignore[operator]
+            proxy.endpoint_url, presign_expiry_s=2.0, max_bandwidth_bytes_per_s=3 * MiB // 2, concurrency=2
+        )
+        expire = threading.Timer(
+            6.0,
+            proxy.sustain,
+            args=("expired_token", 120.0),
+            kwargs={"match": "X-Amz-Security-Token=session1x"},
+        )
+        expire.start()
+        try:
+            pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+        finally:
+            expire.cancel()
+        gets = proxy.requests("weights.bin", method="GET")
+    assert_pulled(settings, bucket, files)
+    assert [r.status for r in gets if r.status != 206] == [], "no answer refused a token or a URL"
+    tokens = [query_of(r.path)["X-Amz-Security-Token"][0] for r in gets]
+    assert len(set(tokens)) >= 2 and tokens[-1] != tokens[0], "later parts carry refreshed sessions"
 
 
 @pytest.mark.timeout(60)

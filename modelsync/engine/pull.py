@@ -71,8 +71,11 @@ from modelsync.errors import (
 MAX_OPEN_FILES = 64
 #: files hashed at once; each holds one hash buffer
 HASH_SLOTS = 2
-#: a presigned URL is signed again once less than this share of its lifetime is left
-PRESIGN_RENEW_SHARE = 0.3
+#: a presigned URL is signed again once less than this share of its lifetime is left. With
+#: the default 15 min lifetime a URL is used for at most 7.5 min after signing, less than the
+#: 10 min of validity botocore guarantees temporary credentials when it signs (it refreshes
+#: them inside that window), so no URL outlives the credentials it carries.
+PRESIGN_RENEW_SHARE = 0.5
 #: a part answered "expired" this many times in a row, each time with a fresh URL, gives up
 MAX_EXPIRED_IN_A_ROW = 3
 _EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"

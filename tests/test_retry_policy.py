@@ -99,7 +99,7 @@ def test_scaled_policy_shrinks_every_wait() -> None:
     assert backoff_s(fast, 3, throttled=True, jitter=0.5) == pytest.approx(
         backoff_s(POLICY, 3, throttled=True, jitter=0.5) * 0.01
     )
-    assert fast.budget_s == POLICY.budget_s
+    assert (fast.budget_s, fast.retry_after_cap_s, fast.time_scale) == (POLICY.budget_s, 60.0, 0.01)
 
 
 # -- one part's retries ---------------------------------------------------------------

@@ -147,6 +147,8 @@ class RetryPolicy:
     #: the first wait after a non-throttling failure; doubles up to `error_cap_s`
     error_base_s: float = 0.1
     error_cap_s: float = 5.0
+    #: the factor `scaled` applied to the waits; a `SendGate` of the same store takes it too
+    time_scale: float = 1.0
 
     def scaled(self, factor: float) -> RetryPolicy:
         """The same shape with every wait of its own multiplied by `factor`: how tests keep backoff short.
@@ -161,6 +163,7 @@ class RetryPolicy:
             retry_after_cap_s=self.retry_after_cap_s,
             error_base_s=self.error_base_s * factor,
             error_cap_s=self.error_cap_s * factor,
+            time_scale=self.time_scale * factor,
         )
 
 

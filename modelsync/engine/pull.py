@@ -48,7 +48,7 @@ from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
 from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef, parse_model_name
-from modelsync.core.retry import PartRetries, RetryPolicy, presigned_expiry
+from modelsync.core.retry import PartRetries, presigned_expiry
 from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.events import ByteCounter, PullEvents
@@ -257,11 +257,10 @@ class _Puller:
         self.signature = SignatureCheck(ref, settings.signature_rule(ref), settings.signature_name)
         #: SHA-256 of each file hashed while it downloaded (only when a signature is checked)
         self.sha256s: dict[str, str] = {}
-        #: paces requests when the store throttles; shared by every pull of this process to that store
         self.policy = retry_policy(settings)
+        #: paces requests when the store throttles; shared by every pull of this process to that store
         self.gate: StoreGate = store_gate(
-            settings.endpoint_url or f"aws:{settings.region}",
-            settings.backoff_floor_s / RetryPolicy().throttle_floor_s,
+            settings.endpoint_url or f"aws:{settings.region}", self.policy.time_scale
         )
         #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
         self.credentials_generation = 0

@@ -666,3 +666,35 @@ def test_a_proxy_with_the_right_credentials_lets_the_tunnel_through(
 def test_an_https_proxy_url_is_a_clear_usage_error(target: int) -> None:
     with _client(proxy_for=lambda _url: "https://proxy.example:3128") as client, pytest.raises(UsageError):
         client.fetch_into(RangeRequest("https://s3.example/b/k", 0, 100, None), target, 0)
+
+
+@pytest.mark.parametrize("stuck_in", ["tls-handshake", "proxy-connect"])
+def test_close_wakes_a_thread_stuck_before_the_first_request(target: int, stuck_in: str) -> None:
+    """A server (or proxy) that accepts and never answers; the connect timeout is 30 s."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        if stuck_in == "tls-handshake":
+            url, proxy = f"https://{address}/bucket/key", None
+        else:
+            url, proxy = "https://s3.example/bucket/key", f"http://{address}"
+        client = _client(
+            ssl_context=make_ssl_context(insecure=True), connect_timeout_s=30.0, proxy_for=lambda _url: proxy
+        )
+        outcome: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                client.fetch_into(RangeRequest(url, 0, 100), target, 0)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=fetch)
+        worker.start()
+        time.sleep(0.5)  # connected (the kernel accepted), now waiting for an answer
+        closed_at = time.monotonic()
+        client.close()
+        worker.join(5)
+        woke_s = time.monotonic() - closed_at
+    assert not worker.is_alive()
+    assert woke_s < 1.0, woke_s
+    assert isinstance(outcome[0], TransientFetchError)

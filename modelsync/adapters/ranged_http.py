@@ -375,6 +375,11 @@ class RangeClient:
         return self._proxies[endpoint]
 
     def _connect(self, endpoint: _Endpoint) -> socket.socket:
+        """A connection ready for requests: TCP, the proxy's tunnel, TLS, timeouts.
+
+        The socket is registered for ``close`` as soon as it exists, so a client
+        closed while a tunnel or a TLS handshake hangs wakes those too.
+        """
         proxy = self._proxies.get(endpoint)
         host, port = (proxy.host, proxy.port) if proxy else (endpoint.host, endpoint.port)
         via = f" via proxy {proxy.netloc}" if proxy else ""
@@ -384,46 +389,65 @@ class RangeClient:
             raise TransientFetchError(
                 f"cannot connect to {endpoint.netloc}{via}: {exc}", bytes_written=0, reason="connect"
             ) from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if proxy is not None and endpoint.scheme == "https":
-            try:
+        try:
+            self._track(sock)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if proxy is not None and endpoint.scheme == "https":
                 _tunnel(sock, endpoint, proxy)
-            except BaseException:
-                sock.close()
-                raise
-        if endpoint.scheme == "https":
-            ctx = self._ssl or ssl.create_default_context()
-            try:
-                sock = ctx.wrap_socket(sock, server_hostname=endpoint.host)
-            except ssl.SSLCertVerificationError as exc:
-                sock.close()
+            if endpoint.scheme == "https":
+                sock = self._tls(sock, endpoint)
+                sock.settimeout(self._read_timeout_s)
+            elif self._wait_all:
+                # Blocking socket with kernel-side timeouts: recv(MSG_WAITALL) then waits
+                # in one syscall, and a stall surfaces as EAGAIN after read_timeout_s.
+                sock.settimeout(None)
+                tv = _timeval(self._read_timeout_s)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+            else:
+                sock.settimeout(self._read_timeout_s)
+        except BaseException:
+            with self._lock:
+                self._all_socks.discard(sock)
+            sock.close()
+            raise
+        return sock
+
+    def _tls(self, raw: socket.socket, endpoint: _Endpoint) -> ssl.SSLSocket:
+        """Wrap ``raw`` in TLS; the wrapped socket is registered before its handshake starts.
+
+        Wrapping takes over ``raw``'s descriptor, so from then on only the wrapped
+        socket can be shut down or closed, including when the handshake fails.
+        """
+        ctx = self._ssl or ssl.create_default_context()
+        sock = ctx.wrap_socket(raw, server_hostname=endpoint.host, do_handshake_on_connect=False)
+        try:
+            self._track(sock, replaces=raw)
+            sock.do_handshake()
+        except BaseException as exc:
+            with self._lock:
+                self._all_socks.discard(sock)
+            sock.close()
+            if isinstance(exc, ssl.SSLCertVerificationError):
                 raise RemoteUnavailableError(
                     f"TLS certificate of {endpoint.netloc} not trusted ({exc.verify_message}); "
                     "pass the CA bundle (AWS_CA_BUNDLE) or use --insecure"
                 ) from exc
-            except (OSError, ssl.SSLError) as exc:
-                sock.close()
+            if isinstance(exc, OSError):  # ssl.SSLError is one
                 raise TransientFetchError(
-                    f"TLS handshake with {endpoint.netloc} failed: {exc}",
-                    bytes_written=0,
-                    reason="connect",
+                    f"TLS handshake with {endpoint.netloc} failed: {exc}", bytes_written=0, reason="connect"
                 ) from exc
-            sock.settimeout(self._read_timeout_s)
-        elif self._wait_all:
-            # Blocking socket with kernel-side timeouts: recv(MSG_WAITALL) then waits
-            # in one syscall, and a stall surfaces as EAGAIN after read_timeout_s.
-            sock.settimeout(None)
-            tv = _timeval(self._read_timeout_s)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        else:
-            sock.settimeout(self._read_timeout_s)
+            raise
+        return sock
+
+    def _track(self, sock: socket.socket, replaces: socket.socket | None = None) -> None:
+        """Register ``sock`` for ``close`` (in place of ``replaces``); refused once closed."""
         with self._lock:
+            if replaces is not None:
+                self._all_socks.discard(replaces)
             if self._closed:
-                sock.close()
                 raise RuntimeError("RangeClient is closed")
             self._all_socks.add(sock)
-        return sock
 
     def _drop(self, endpoint: _Endpoint) -> None:
         conn = self._local.conns.pop(endpoint, None)

@@ -29,6 +29,7 @@ import boto3
 import pytest
 from aiobotocore.config import AioConfig
 from botocore.client import BaseClient
+from botocore.config import Config
 from botocore.exceptions import ClientError, ReadTimeoutError
 from support.faultproxy import FaultProxy
 from support.motoserver import SubprocessMoto, ThreadedMoto
@@ -194,6 +195,7 @@ def _create_s3_user(endpoint_url: str) -> tuple[str, str]:
         ("status503", 503, "SlowDown"),
         ("status500", 500, "InternalError"),
         ("status403", 403, "AccessDenied"),
+        ("expired_token", 400, "ExpiredToken"),
     ],
 )
 def test_status_faults_answer_with_s3_error_xml(
@@ -229,6 +231,49 @@ def test_botocore_retries_a_slowdown_by_itself(
 
     assert body == blob.data
     assert [r.status for r in fault_proxy.requests(match=blob.key)] == [503, 200]
+
+
+def test_an_error_fault_with_an_arg_carries_retry_after(
+    raw_get: RawGet, blob: Blob, fault_proxy: FaultProxy
+) -> None:
+    fault_proxy.add_fault("status503", match=blob.key, arg=2.5)
+    response = raw_get(blob)
+    assert (response.status, response.getheader("Retry-After")) == (503, "2.5")
+    assert raw_get(blob).getheader("Retry-After") is None  # consumed: the next GET goes through
+
+
+def test_a_sustained_fault_answers_every_matching_request_until_it_runs_out(
+    raw_get: RawGet, blob: Blob, fault_proxy: FaultProxy
+) -> None:
+    fault_proxy.sustain("status503", 1.0, match=blob.key)
+    statuses = [raw_get(blob).status for _ in range(3)]
+    time.sleep(1.1)
+    statuses.append(raw_get(blob).status)
+    assert statuses == [503, 503, 503, 200]
+
+
+@pytest.mark.parametrize("signature_version", ["s3v4", "s3"])
+def test_presign_expiry_is_enforced_only_when_asked(
+    s3_env: S3Env, blob: Blob, signature_version: str
+) -> None:
+    signer = boto3.client("s3", config=Config(signature_version=signature_version), **s3_env.client_kwargs())
+    try:
+        expired = signer.generate_presigned_url(
+            "get_object", Params={"Bucket": blob.bucket, "Key": blob.key}, ExpiresIn=1
+        )
+    finally:
+        signer.close()
+    assert ("X-Amz-Date=" in expired) == (signature_version == "s3v4")
+    time.sleep(2.1)
+    for enforce, status in [(False, 200), (True, 403)]:
+        with FaultProxy(s3_env.endpoint_url, enforce_presign_expiry=enforce) as proxy:
+            parts = urlsplit(expired)
+            connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+            try:
+                connection.request("GET", f"{parts.path}?{parts.query}")
+                assert connection.getresponse().status == status
+            finally:
+                connection.close()
 
 
 # ---- body faults -------------------------------------------------------------------

@@ -163,12 +163,14 @@ def _unacked_bytes(sock: socket.socket) -> int:
 
 
 def _presign_expired(raw_path: str) -> bool:
-    """Whether a presigned URL's X-Amz-Date + X-Amz-Expires lies in the past."""
+    """Whether a presigned URL's expiry (SigV4 X-Amz-Date + X-Amz-Expires, SigV2 Expires) has passed."""
     query = parse_qs(raw_path.partition("?")[2])
-    if "X-Amz-Date" not in query or "X-Amz-Expires" not in query:
-        return False
-    signed = calendar.timegm(time.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ"))
-    return time.time() > signed + int(query["X-Amz-Expires"][0])
+    if "X-Amz-Date" in query and "X-Amz-Expires" in query:
+        signed = calendar.timegm(time.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ"))
+        return time.time() > signed + int(query["X-Amz-Expires"][0])
+    if "Expires" in query:
+        return time.time() > int(query["Expires"][0])
+    return False
 
 
 def _error_body(action: str) -> tuple[int, bytes]:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from botocore.client import BaseClient
-from support.faultproxy import FaultProxy
+from support.faultproxy import REDIRECT_ENDPOINT, REDIRECT_REGION, FaultProxy
 from support.s3env import S3Env
 from support.tinyproxy import TinyProxy, tinyproxy_binary
 
@@ -301,3 +301,25 @@ def test_no_proxy_sends_the_data_plane_direct_like_the_control_plane(
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert proxy.requests() == []
+
+
+# ---- redirects -------------------------------------------------------------------------
+
+
+def test_a_redirected_pull_is_one_error_line_naming_where_the_bucket_lives(
+    tmp_path: Path, proxied_s3_env: S3Env, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
+) -> None:
+    put_model(s3_client, bucket, {"weights.bin": payload(PART, 9)})
+    fault_proxy.add_fault("redirect", match="weights.bin", times=100)
+    done = subprocess.run(
+        [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
+         "--cache-dir", str(tmp_path / "cache")],
+        env=proxied_s3_env.subprocess_env(), capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert f"to {REDIRECT_ENDPOINT}" in lines[0] and f"region {REDIRECT_REGION}" in lines[0]
+    assert "endpoint or region is wrong" in lines[0]
+    assert len(fault_proxy.requests("weights.bin", method="GET")) == 1, "a redirect is not retried"

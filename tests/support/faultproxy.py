@@ -37,7 +37,16 @@ from yarl import URL
 from support.service import Service
 
 FaultAction = Literal[
-    "status503", "status500", "status403", "expired_token", "reset", "truncate", "bitflip", "stall", "delay"
+    "status503",
+    "status500",
+    "status403",
+    "expired_token",
+    "redirect",
+    "reset",
+    "truncate",
+    "bitflip",
+    "stall",
+    "delay",
 ]
 FAULT_ACTIONS: frozenset[str] = frozenset(get_args(FaultAction))
 
@@ -55,7 +64,15 @@ _ERROR_BODIES: dict[str, tuple[int, str, str]] = {
     "status500": (500, "InternalError", "We encountered an internal error. Please try again."),
     "status403": (403, "AccessDenied", "Access Denied"),
     "expired_token": (400, "ExpiredToken", "The provided token has expired."),
+    # What S3 answers when the bucket lives in another region than the endpoint's.
+    "redirect": (
+        301,
+        "PermanentRedirect",
+        "The bucket you are attempting to access must be addressed using the specified endpoint.",
+    ),
 }
+REDIRECT_ENDPOINT = "s3.eu-west-1.example.internal"
+REDIRECT_REGION = "eu-west-1"
 
 # Connection-scoped headers (RFC 9110 section 7.6.1) describe one hop, not the message.
 # Expect is dropped too: the proxy has already read the body, and SigV4 never signs it.
@@ -175,9 +192,10 @@ def _presign_expired(raw_path: str) -> bool:
 
 def _error_body(action: str) -> tuple[int, bytes]:
     status, code, message = _ERROR_BODIES[action]
+    endpoint = f"<Endpoint>{REDIRECT_ENDPOINT}</Endpoint>" if action == "redirect" else ""
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>{code}</Code><Message>{message}</Message>"
+        f"<Error><Code>{code}</Code><Message>{message}</Message>{endpoint}"
         "<RequestId>faultproxy</RequestId></Error>"
     )
     return status, body.encode()
@@ -476,6 +494,8 @@ class FaultProxy(Service):
     ) -> web.StreamResponse:
         status, body = _error_body(fault.action)
         headers = {"x-amz-request-id": "faultproxy"}
+        if fault.action == "redirect":
+            headers["x-amz-bucket-region"] = REDIRECT_REGION
         if fault.arg > 0:
             headers["Retry-After"] = f"{fault.arg:g}"
         response = web.Response(status=status, body=body, content_type="application/xml", headers=headers)

@@ -116,6 +116,25 @@ def test_a_part_honours_retry_after_above_its_own_backoff(
     assert_pulled(settings, bucket, files)
 
 
+def test_one_throttled_answer_holds_every_file_of_the_pull_at_the_shared_gate(
+    settings_via: object, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
+) -> None:
+    """A's first part is told to come back in 2 s: B's parts, which never saw a 503, wait too."""
+    files = {"a.bin": payload(4 * PART, 10), "b.bin": payload(4 * PART, 11)}
+    put_model(s3_client, bucket, files)
+    fault_proxy.add_fault("status503", match="a.bin", arg=2.0)  # Retry-After: 2
+    settings = settings_via(fault_proxy.endpoint_url)  # type: ignore[operator]
+
+    pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+
+    assert_pulled(settings, bucket, files)
+    throttled_at = fault_proxy.requests("a.bin", method="GET")[0].arrived_s
+    after = [r.arrived_s - throttled_at for r in fault_proxy.requests("b.bin", method="GET")]
+    after = [t for t in after if t > 0.05]  # a GET already on its way when the 503 came may pass
+    assert after, "B's parts were asked for after the throttle"
+    assert min(after) >= 2.0 - 0.05, after
+
+
 # ---- credentials ----------------------------------------------------------------------
 
 CREDENTIAL_PROCESS = """\

@@ -25,7 +25,7 @@ import termios
 import threading
 import time
 from collections.abc import AsyncIterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal, Self, get_args
 from urllib.parse import parse_qs, unquote
 
@@ -126,7 +126,7 @@ class RequestRecord:
     a `delay` still sleeps or after a `reset` before headers. A client that hung up
     early may never have seen it. `body_bytes_sent` counts body bytes handed to the
     socket, not headers. `done` turns true when the proxy finished with the request,
-    however it ended.
+    however it ended. `arrived_s` is `time.monotonic()` when its head arrived.
     """
 
     method: str
@@ -136,6 +136,7 @@ class RequestRecord:
     body_bytes_sent: int
     fault: FaultAction | None
     done: bool
+    arrived_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -147,6 +148,7 @@ class _Entry:
     body_bytes_sent: int = 0
     fault: FaultAction | None = None
     done: bool = False
+    arrived_s: float = field(default_factory=time.monotonic)
 
     def snapshot(self) -> RequestRecord:
         return RequestRecord(
@@ -157,6 +159,7 @@ class _Entry:
             self.body_bytes_sent,
             self.fault,
             self.done,
+            self.arrived_s,
         )
 
 

@@ -1,6 +1,6 @@
 """How a pull reacts to each answer of the object store: pure policy, `now` as a parameter.
 
-Three pieces, each decided here once and used by both planes:
+Decided here once and used by both planes:
 
 - `classify`: what an S3 answer means (throttled, retry, re-presign, denied, ...),
   from its status and S3 error code, never from its message text.
@@ -8,12 +8,14 @@ Three pieces, each decided here once and used by both planes:
   whole seconds (a floor), growing to a cap, with jitter so a pool of nodes does
   not retry in step; `Retry-After` is honoured. Other transient failures retry
   fast, as s3transfer does.
+- `PartRetries`: when one part gives up: after `attempts` failures that were not
+  throttling, or `budget_s` without progress.
 - `SendGate`: one per store and process, paces the start of every request when
   the store throttles, so all parts of all files slow down together; the allowed
   rate then recovers gradually on successes, like the SDKs' adaptive retry mode.
 
 Expiry of a presigned URL is read from the URL's own `X-Amz-Date` and
-`X-Amz-Expires`, not guessed from an error message.
+`X-Amz-Expires` (`presigned_expiry`), not guessed from an error message.
 """
 
 from __future__ import annotations

@@ -208,6 +208,25 @@ def test_credentials_that_expire_mid_pull_are_resolved_again_and_the_pull_succee
     assert int(expiring_credentials.read_text()) >= 2
 
 
+def test_a_listing_refused_for_an_expired_token_is_sent_again_with_fresh_credentials(
+    settings_via: object,
+    fault_proxy: FaultProxy,
+    s3_client: BaseClient,
+    bucket: str,
+    expiring_credentials: Path,
+) -> None:
+    files = {"weights.bin": payload(PART, 12)}
+    put_model(s3_client, bucket, files)
+    fault_proxy.add_fault("expired_token", match="list-type=2")
+    settings = settings_via(fault_proxy.endpoint_url)  # type: ignore[operator]
+
+    pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
+
+    assert_pulled(settings, bucket, files)
+    assert [r.status for r in fault_proxy.requests("list-type=2", method="GET")] == [400, 200]
+    assert int(expiring_credentials.read_text()) == 2
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("expiring_credentials", [BOTOCORE_ADVISORY_REFRESH_S + 3], indirect=True)
 def test_credentials_about_to_expire_are_replaced_before_the_store_refuses_them(

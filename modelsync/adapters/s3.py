@@ -167,21 +167,30 @@ class S3:
         self._policy = policy or RetryPolicy()
 
     async def _read(self, what: str, bucket: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Run a read; when botocore gives up on throttling, wait and run it again, within the budget."""
+        """Run a read, riding out what another try can fix.
+
+        When botocore's own attempts end on throttling, wait (the throttling
+        schedule) and run it again, within the retry budget. When the store says
+        the token expired, resolve the credentials afresh once and run it again.
+        """
         started = time.monotonic()
         throttles = 0
+        renewed = False
         while True:
             with s3_errors(what, bucket):
                 try:
                     return await call()
                 except ClientError as exc:
                     code, status = _code_and_status(exc)
+                    verdict = classify(status, code or None)
                     spent_s = time.monotonic() - started
-                    if (
-                        classify(status, code or None) is not Verdict.THROTTLED
-                        or spent_s >= self._policy.budget_s
-                    ):
+                    renew = verdict is Verdict.EXPIRED and not renewed
+                    if not renew and (verdict is not Verdict.THROTTLED or spent_s >= self._policy.budget_s):
                         raise
+            if renew:
+                renewed = True
+                await self.renew_credentials()
+                continue
             throttles += 1
             wait_s = backoff_s(self._policy, throttles, throttled=True, jitter=random.random())
             await asyncio.sleep(min(wait_s, max(0.0, self._policy.budget_s - spent_s)))

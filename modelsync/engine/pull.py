@@ -21,6 +21,7 @@ import contextlib
 import functools
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -208,7 +209,14 @@ async def _supervise(puller: _Puller, cancel: threading.Event | None) -> tuple[P
     where cancellation ends them. So a cancelled pull stops in well under a second
     even when every transfer is stalled; the journal keeps what was written for the
     next pull to resume.
+
+    The pull's worker threads block SIGINT and SIGTERM, so the kernel hands those to
+    the main thread: delivered to a worker, a signal would wait until the event loop
+    woke for some other reason, a 30 s read timeout when every transfer is stalled.
     """
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(thread_name_prefix="modelsync-io", initializer=_leave_signals_to_the_main_thread)
+    )
     task = asyncio.ensure_future(puller.run())
     try:
         while not task.done():
@@ -222,6 +230,11 @@ async def _supervise(puller: _Puller, cancel: threading.Event | None) -> tuple[P
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         raise
+
+
+def _leave_signals_to_the_main_thread() -> None:
+    """Block Ctrl-C and SIGTERM in the calling (worker) thread; see `_supervise`."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 class _Puller:
@@ -376,7 +389,9 @@ class _Puller:
             buffer_bytes=s.read_chunk_bytes,
             rate_limiter=TokenBucket(s.max_bandwidth_bytes_per_s) if s.max_bandwidth_bytes_per_s else None,
         )
-        self.executor = ThreadPoolExecutor(s.concurrency, thread_name_prefix="modelsync-get")
+        self.executor = ThreadPoolExecutor(
+            s.concurrency, thread_name_prefix="modelsync-get", initializer=_leave_signals_to_the_main_thread
+        )
         if self.aborted:
             self.client.close()
         try:

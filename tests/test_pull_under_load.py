@@ -130,9 +130,10 @@ def test_one_throttled_answer_holds_every_file_of_the_pull_at_the_shared_gate(
     assert_pulled(settings, bucket, files)
     throttled_at = fault_proxy.requests("a.bin", method="GET")[0].arrived_s
     after = [r.arrived_s - throttled_at for r in fault_proxy.requests("b.bin", method="GET")]
-    after = [t for t in after if t > 0.05]  # a GET already on its way when the 503 came may pass
-    assert after, "B's parts were asked for after the throttle"
-    assert min(after) >= 2.0 - 0.05, after
+    # A GET of B already on its way when the 503 came may still arrive (0.5 s of slack for a
+    # loaded machine); every later one waits out the Retry-After.
+    assert [t for t in after if 0.5 <= t < 1.95] == [], after
+    assert [t for t in after if t >= 1.95], f"some of B's parts were held at the gate: {after}"
 
 
 # ---- credentials ----------------------------------------------------------------------

@@ -136,6 +136,28 @@ def test_one_throttled_answer_holds_every_file_of_the_pull_at_the_shared_gate(
     assert [t for t in after if t >= 1.95], f"some of B's parts were held at the gate: {after}"
 
 
+def test_a_cli_pull_says_once_that_the_store_throttles(
+    tmp_path: Path, proxied_s3_env: S3Env, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
+) -> None:
+    files = {"weights.bin": payload(2 * PART, 13)}
+    put_model(s3_client, bucket, files)
+    fault_proxy.add_fault("status503", match="weights.bin", times=4)
+    env = proxied_s3_env.subprocess_env()
+    env["MODELSYNC_BACKOFF_FLOOR"] = "0.02"
+    done = subprocess.run(
+        [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
+         "--part-size", "1Mi", "--cache-dir", str(tmp_path / "cache")],
+        env=env, capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "note: the store asks for less load (503 SlowDown); every transfer slows down and keeps "
+        "retrying, for up to 10m without progress"
+    ]
+    assert Path(done.stdout.strip(), "weights.bin").read_bytes() == files["weights.bin"]
+
+
 # ---- credentials ----------------------------------------------------------------------
 
 CREDENTIAL_PROCESS = """\

@@ -50,7 +50,7 @@ from modelsync.core.parts import FileWork, Part, PullPlan, RemoteFile, layout_by
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.retry import PartRetries, presigned_expiry
-from modelsync.core.units import format_bytes
+from modelsync.core.units import format_bytes, format_duration
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.events import ByteCounter, PullEvents
 from modelsync.engine.evict import make_room
@@ -275,6 +275,8 @@ class _Puller:
         self.gate: StoreGate = store_gate(
             settings.endpoint_url or f"aws:{settings.region}", self.policy.time_scale
         )
+        #: whether the user was told that the store throttles (once per pull)
+        self.throttle_noted = False
         #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
         self.credentials_generation = 0
         self.credentials_lock = asyncio.Lock()
@@ -569,6 +571,7 @@ class _Puller:
                 retries.failed(now, progressed=exc.bytes_written > 0, throttled=exc.throttled)
                 if exc.throttled:
                     self.gate.throttled(exc.retry_after_s)
+                    self._note_throttling(exc)
                 if retries.exhausted(now):
                     raise RemoteUnavailableError(
                         f"giving up on {f.key} bytes {start}-{part.end} after "
@@ -585,6 +588,15 @@ class _Puller:
             break
         self.gate.succeeded()
         self.staging.journal.part_written(f.path, part.index)
+
+    def _note_throttling(self, exc: TransientFetchError) -> None:
+        """Say once why the pull slows down: a long quiet wait would look like a hang."""
+        if not self.throttle_noted:
+            self.throttle_noted = True
+            self.events.note(
+                f"the store asks for less load ({exc.status} {exc.reason}); every transfer slows down "
+                f"and keeps retrying, for up to {format_duration(self.policy.budget_s)} without progress"
+            )
 
     async def _url(self, f: RemoteFile) -> str:
         """The file's presigned URL, signed again when it is close to its own expiry.

@@ -50,6 +50,15 @@ def query_of(path: str) -> dict[str, list[str]]:
     return parse_qs(path.partition("?")[2])
 
 
+def cli_pull(env: dict[str, str], bucket: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """`modelsync pull` of the test model in a child process, 1 MiB parts, no progress."""
+    return subprocess.run(
+        [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
+         "--part-size", "1Mi", "--cache-dir", str(cache)],
+        env=env, capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def settings_via(tmp_path: Path, aws_credentials: S3Env) -> object:
     def make(endpoint_url: str, **overrides: object) -> Settings:
@@ -144,11 +153,7 @@ def test_a_cli_pull_says_once_that_the_store_throttles(
     fault_proxy.add_fault("status503", match="weights.bin", times=4)
     env = proxied_s3_env.subprocess_env()
     env["MODELSYNC_BACKOFF_FLOOR"] = "0.02"
-    done = subprocess.run(
-        [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
-         "--part-size", "1Mi", "--cache-dir", str(tmp_path / "cache")],
-        env=env, capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+    done = cli_pull(env, bucket, tmp_path / "cache")
 
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [
@@ -332,11 +337,7 @@ def test_a_cli_pull_goes_through_a_real_proxy_and_its_log_shows_every_ranged_get
     with TinyProxy(tmp_path / "tinyproxy") as proxy:
         env = s3_env.subprocess_env()
         env.update({"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "NO_PROXY": "", "no_proxy": ""})
-        done = subprocess.run(
-            [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
-             "--part-size", "1Mi", "--cache-dir", str(tmp_path / "cache")],
-            env=env, capture_output=True, text=True, timeout=50,
-        )  # fmt: skip
+        done = cli_pull(env, bucket, tmp_path / "cache")
         assert done.returncode == 0, done.stderr
         logged = proxy.requests(f"/{bucket}/{PREFIX}weights.bin?")
     assert (tmp_path / "cache" / bucket / PREFIX / "weights.bin").read_bytes() == files["weights.bin"]
@@ -355,11 +356,7 @@ def test_no_proxy_sends_the_data_plane_direct_like_the_control_plane(
     with TinyProxy(tmp_path / "tinyproxy") as proxy:
         env = s3_env.subprocess_env()  # NO_PROXY holds 127.0.0.1
         env.update({"HTTP_PROXY": proxy.url, "http_proxy": proxy.url})
-        done = subprocess.run(
-            [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
-             "--cache-dir", str(tmp_path / "cache")],
-            env=env, capture_output=True, text=True, timeout=50,
-        )  # fmt: skip
+        done = cli_pull(env, bucket, tmp_path / "cache")
         assert done.returncode == 0, done.stderr
         assert proxy.requests() == []
 
@@ -372,11 +369,7 @@ def test_a_redirected_pull_is_one_error_line_naming_where_the_bucket_lives(
 ) -> None:
     put_model(s3_client, bucket, {"weights.bin": payload(PART, 9)})
     fault_proxy.add_fault("redirect", match="weights.bin", times=100)
-    done = subprocess.run(
-        [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/{PREFIX}", "--quiet",
-         "--cache-dir", str(tmp_path / "cache")],
-        env=proxied_s3_env.subprocess_env(), capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+    done = cli_pull(proxied_s3_env.subprocess_env(), bucket, tmp_path / "cache")
 
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()

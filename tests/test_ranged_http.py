@@ -411,6 +411,33 @@ def test_a_redirect_is_a_clear_error_naming_where_it_points(target: int, reply: 
     assert named in str(info.value)
 
 
+def assert_close_wakes_the_fetch(
+    client: RangeClient, req: RangeRequest, target: int, blocked: Callable[[], bool]
+) -> None:
+    """Start `req` in a thread; once `blocked()` holds, `close` must end it within a second."""
+    outcome: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            client.fetch_into(req, target, 0)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=fetch)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not blocked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the worker is now blocked in a read, 30 s from its timeout
+    closed_at = time.monotonic()
+    client.close()
+    worker.join(5)
+    woke_s = time.monotonic() - closed_at
+    assert not worker.is_alive()
+    assert woke_s < 1.0, woke_s
+    assert isinstance(outcome[0], TransientFetchError)
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_close_wakes_a_thread_blocked_on_a_stalled_body_at_once(
     tls_files: tuple[Path, Path], target: int, tls: bool
@@ -419,30 +446,10 @@ def test_close_wakes_a_thread_blocked_on_a_stalled_body_at_once(
     ctx = make_ssl_context(ca_bundle=str(tls_files[0])) if tls else None
     with ScriptedServer(replies, tls=_server_tls(tls_files) if tls else None) as server:
         replies.append(cut_after(50_000, server=server))
-        client = _client(ssl_context=ctx, read_timeout_s=30.0)
-        outcome: list[BaseException] = []
-
-        def fetch() -> None:
-            try:
-                client.fetch_into(
-                    RangeRequest(server.url("https" if tls else "http"), 0, len(DATA)), target, 0
-                )
-            except BaseException as exc:
-                outcome.append(exc)
-
-        worker = threading.Thread(target=fetch)
-        worker.start()
-        deadline = time.monotonic() + 10
-        while len(server.requests) < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # the worker is now blocked in recv, 30 s from its timeout
-        closed_at = time.monotonic()
-        client.close()
-        worker.join(5)
-        woke_s = time.monotonic() - closed_at
-    assert not worker.is_alive()
-    assert woke_s < 1.0, woke_s
-    assert isinstance(outcome[0], TransientFetchError)
+        req = RangeRequest(server.url("https" if tls else "http"), 0, len(DATA))
+        assert_close_wakes_the_fetch(
+            _client(ssl_context=ctx, read_timeout_s=30.0), req, target, lambda: len(server.requests) >= 1
+        )
 
 
 def test_connection_refused_is_transient(target: int) -> None:
@@ -680,21 +687,5 @@ def test_close_wakes_a_thread_stuck_before_the_first_request(target: int, stuck_
         client = _client(
             ssl_context=make_ssl_context(insecure=True), connect_timeout_s=30.0, proxy_for=lambda _url: proxy
         )
-        outcome: list[BaseException] = []
-
-        def fetch() -> None:
-            try:
-                client.fetch_into(RangeRequest(url, 0, 100), target, 0)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        worker = threading.Thread(target=fetch)
-        worker.start()
-        time.sleep(0.5)  # connected (the kernel accepted), now waiting for an answer
-        closed_at = time.monotonic()
-        client.close()
-        worker.join(5)
-        woke_s = time.monotonic() - closed_at
-    assert not worker.is_alive()
-    assert woke_s < 1.0, woke_s
-    assert isinstance(outcome[0], TransientFetchError)
+        # connected (the kernel accepted), then waiting for an answer that never comes
+        assert_close_wakes_the_fetch(client, RangeRequest(url, 0, 100), target, lambda: True)

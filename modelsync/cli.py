@@ -26,7 +26,7 @@ from typer._click.exceptions import NoArgsIsHelpError
 from typer._click.exceptions import UsageError as ParseError
 from typer.core import TyperCommand
 
-from modelsync import cli_cache, cli_schedule
+from modelsync import cli_cache, cli_schedule, interrupt
 from modelsync.adapters.cache import Cache
 from modelsync.cli_common import (
     CacheDir,
@@ -92,7 +92,9 @@ def run(argv: Sequence[str]) -> int:
         message = " ".join(exc.format_message().split())
         typer.echo(f"error: {message} (see {where})", err=True)
         return int(ExitCode.USAGE)
-    except typer.Abort:
+    except typer.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Ctrl-C or SIGTERM outside a command's body
+            return interrupt.report()
         typer.echo("error: aborted", err=True)
         return int(ExitCode.INTERNAL)
     return code if isinstance(code, int) else 0

@@ -17,6 +17,12 @@ Child-process moto (its own GIL; for multi-process and kill tests)
     moto_subprocess         -> SubprocessMoto   session; `.endpoint_url`, `.pid`, `.reset()`
     moto_subprocess_s3_env  -> S3Env            on moto_subprocess, reset first
 
+SeaweedFS (a real S3 server in a child process: SigV4 checked, per-identity actions)
+    seaweedfs        -> SeaweedFS             session; `.endpoint_url`, `.env(identity)`
+    seaweed_admin    -> S3Env                 the identity that may write
+    seaweed_reader   -> S3Env                 a read-only identity (Read, List)
+    seaweed_bucket   -> str                   a fresh, uniquely named, empty bucket on it
+
 In-process engine calls
     aws_credentials  -> S3Env                 test credentials in the AWS env chain (monkeypatched,
                                               restored after the test); endpoint comes from Settings
@@ -37,6 +43,7 @@ from botocore.client import BaseClient
 from support.faultproxy import FaultProxy
 from support.motoserver import SubprocessMoto, ThreadedMoto
 from support.s3env import S3Env
+from support.seaweedfs import Identity, SeaweedFS
 
 # ---- S3: in-thread moto ------------------------------------------------------------
 
@@ -115,6 +122,41 @@ def moto_subprocess_s3_env(moto_subprocess: SubprocessMoto) -> S3Env:
     """Like s3_env, for the child-process server."""
     moto_subprocess.reset()
     return S3Env(moto_subprocess.endpoint_url)
+
+
+# ---- SeaweedFS ---------------------------------------------------------------------
+
+SEAWEED_ADMIN = Identity.admin()
+SEAWEED_READER = Identity.read_only()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """One SeaweedFS per session (it takes seconds to start); tests isolate by bucket."""
+    with SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), [SEAWEED_ADMIN, SEAWEED_READER]) as server:
+        yield server
+
+
+@pytest.fixture
+def seaweed_admin(seaweedfs: SeaweedFS) -> S3Env:
+    return seaweedfs.env(SEAWEED_ADMIN)
+
+
+@pytest.fixture
+def seaweed_reader(seaweedfs: SeaweedFS) -> S3Env:
+    return seaweedfs.env(SEAWEED_READER)
+
+
+@pytest.fixture
+def seaweed_bucket(seaweed_admin: S3Env) -> str:
+    """A new empty bucket; unique names keep tests apart on the shared server."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    client = seaweed_admin.boto3_client()
+    try:
+        client.create_bucket(Bucket=name)
+    finally:
+        client.close()
+    return name
 
 
 # ---- in-process AWS credentials ----------------------------------------------------

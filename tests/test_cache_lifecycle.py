@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.cli import one_error_line
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 
@@ -88,14 +89,6 @@ def body_bytes(proxy: FaultProxy, match: str = "") -> int:
 
 def md5_hex(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
-
-
-def one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one error line, got: {stderr!r}"
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 def set_last_used(cache: Cache, model: Model, hours_ago: float) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import run_cli
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 
@@ -196,12 +197,6 @@ def wait_until(condition: Callable[[], object], timeout_s: float = 20, what: str
             return
         time.sleep(0.1)
     raise AssertionError(f"{what} not met within {timeout_s} s")
-
-
-def run_cli(env: dict[str, str], *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "modelsync", *args], env=env, capture_output=True, text=True, timeout=timeout_s
-    )
 
 
 # ---- tests ----------------------------------------------------------------------------

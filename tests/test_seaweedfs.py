@@ -1,0 +1,282 @@
+"""The integration tier: the real CLI and engine against SeaweedFS, a real S3 server.
+
+moto accepts any signature and serves ranges by reading whole objects; SeaweedFS
+checks SigV4 (presigned ranged GETs included), enforces what each identity may do,
+and computes real multipart ETags. Models are published by the admin identity and
+pulled by a read-only one, as on a node. Where a test counts bytes, the pull goes
+through the fault proxy (which forwards the client's Host, so signatures still
+validate); only presigned GETs carry `X-Amz-Signature` in their query, so that is
+how object bodies are told from manifests and listings. Objects are a few MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import MODELSYNC, one_error_line, run_cli
+from support.faultproxy import FaultProxy
+from support.s3env import S3Env
+from support.seaweedfs import SeaweedFS
+
+from modelsync.adapters.cache import Cache
+from modelsync.core.manifest import MANIFEST_NAME
+from modelsync.core.refs import ModelRef, parse_source
+from modelsync.errors import ExitCode
+
+pytestmark = pytest.mark.seaweedfs
+
+KiB = 1024
+MiB = 1024 * KiB
+PRESIGNED = "X-Amz-Signature"
+
+
+@pytest.fixture
+def proxy(seaweedfs: SeaweedFS) -> Iterator[FaultProxy]:
+    with FaultProxy(seaweedfs.endpoint_url) as started:
+        yield started
+
+
+def write_model(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def publish(env: S3Env, tmp_path: Path, uri: str, files: dict[str, bytes], *extra: str) -> ModelRef:
+    """Publish `files` with the real CLI as `env`'s identity; the test fails if that fails."""
+    local = write_model(tmp_path / f"local-{len(list(tmp_path.iterdir()))}", files)
+    result = run_cli(env.subprocess_env(), "publish", str(local), uri, *extra)
+    assert result.returncode == 0, result.stderr
+    return parse_source(uri)
+
+
+def pull(env: S3Env, cache: Path, ref: ModelRef, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(env.subprocess_env(), "pull", ref.uri, "--cache-dir", str(cache), "--quiet", *extra)
+
+
+def record_of(cache: Path, ref: ModelRef) -> dict[str, Any]:
+    return json.loads(Cache(cache).record_path(ref).read_text())
+
+
+def assert_ready(cache: Path, ref: ModelRef, files: dict[str, bytes]) -> None:
+    ready = Cache(cache).ready_path(ref)
+    assert sorted(p.name for p in ready.iterdir()) == sorted(files)
+    for name, data in files.items():
+        assert (ready / name).read_bytes() == data, name
+
+
+def test_a_model_published_by_the_admin_is_pulled_by_a_read_only_identity_with_every_byte_checked(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str
+) -> None:
+    files = {"model.safetensors": os.urandom(6 * MiB), "config.json": b'{"layers": 2}'}
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/m/rev1/", files, "--part-size", "5Mi")
+
+    result = pull(seaweed_reader, tmp_path / "cache", ref)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == str(Cache(tmp_path / "cache").ready_path(ref))
+    assert_ready(tmp_path / "cache", ref, files)
+    record = record_of(tmp_path / "cache", ref)
+    assert record["verified_by"] == "manifest"
+    etags = {f["path"]: f["etag"] for f in record["files"]}
+    assert etags["model.safetensors"].endswith("-2"), "published in two 5 MiB parts"
+
+
+def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str, proxy: FaultProxy
+) -> None:
+    files = {"weights.bin": os.urandom(12 * MiB)}
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/crash/rev1/", files)
+    cache = tmp_path / "cache"
+    journal = Cache(cache).staging(ref).journal
+    env = seaweed_reader.via(proxy.endpoint_url).subprocess_env()
+    slow = subprocess.Popen(
+        [*MODELSYNC, "pull", ref.uri, "--cache-dir", str(cache), "--quiet", "--part-size", "1Mi",
+         "--concurrency", "2", "--max-bandwidth", "4Mi"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while sum(len(p) for p in journal.load().parts.values()) < 2:
+            assert slow.poll() is None, f"the pull ended before it could be killed: {slow.communicate()}"
+            assert time.monotonic() < deadline, "no journaled parts within 30 s"
+            time.sleep(0.02)
+        slow.send_signal(signal.SIGKILL)
+        slow.wait(timeout=10)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+        slow.communicate()
+    assert slow.returncode == -signal.SIGKILL
+    assert not os.path.lexists(Cache(cache).ready_path(ref))
+    done = journal.load().parts["weights.bin"]
+    assert 2 <= len(done) < 12
+    proxy.clear()
+
+    again = run_cli(env, "pull", ref.uri, "--cache-dir", str(cache), "--quiet")
+
+    assert again.returncode == 0, again.stderr
+    assert_ready(cache, ref, files)
+    assert proxy.bytes_sent(PRESIGNED) == len(files["weights.bin"]) - len(done) * MiB
+
+
+def test_a_second_revision_hard_links_the_file_it_shares_instead_of_downloading_it(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str, proxy: FaultProxy
+) -> None:
+    shared = os.urandom(2 * MiB)
+    rev1_files = {"shared.bin": shared, "only1.bin": os.urandom(512 * KiB)}
+    rev2_files = {"shared.bin": shared, "only2.bin": os.urandom(256 * KiB)}
+    rev1 = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/m/rev1/", rev1_files)
+    rev2 = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/m/rev2/", rev2_files)
+    cache = tmp_path / "cache"
+    reader = seaweed_reader.via(proxy.endpoint_url)
+    assert pull(reader, cache, rev1).returncode == 0
+    proxy.clear()
+
+    second = pull(reader, cache, rev2)
+
+    assert second.returncode == 0, second.stderr
+    assert_ready(cache, rev2, rev2_files)
+    one = os.stat(Cache(cache).ready_path(rev1) / "shared.bin")
+    two = os.stat(Cache(cache).ready_path(rev2) / "shared.bin")
+    assert (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+    assert proxy.bytes_sent("shared.bin") == 0
+    assert proxy.bytes_sent(PRESIGNED) == len(rev2_files["only2.bin"])
+
+
+def test_verify_repair_refetches_only_the_damaged_file_of_a_quarantined_model(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str, proxy: FaultProxy
+) -> None:
+    files = {"a.bin": os.urandom(MiB), "b.bin": os.urandom(768 * KiB), "config.json": b'{"x": 1}'}
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/rot/rev1/", files)
+    cache = tmp_path / "cache"
+    env = seaweed_reader.via(proxy.endpoint_url).subprocess_env()
+    assert pull(seaweed_reader, cache, ref).returncode == 0
+    damaged = Cache(cache).ready_path(ref) / "b.bin"
+    os.chmod(damaged, 0o644)
+    with damaged.open("r+b") as fh:
+        fh.seek(300 * KiB)
+        fh.write(b"\0" * 16)
+
+    full = run_cli(env, "verify", ref.model_id, "--full", "--cache-dir", str(cache))
+    assert full.returncode == ExitCode.INTEGRITY
+    assert "verify --repair" in one_error_line(full.stderr)
+    repaired = run_cli(env, "verify", "--repair", "--cache-dir", str(cache))
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"repaired {ref.model_id}" in repaired.stdout
+    assert proxy.bytes_sent(PRESIGNED) == len(files["b.bin"])
+    assert_ready(cache, ref, files)
+
+
+def test_the_daemon_stages_a_scheduled_model_from_seaweedfs_with_read_only_keys(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str
+) -> None:
+    files = {"weights.bin": os.urandom(3 * MiB), "config.json": b"{}"}
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/daemon/rev1/", files)
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(
+        f"version: 1\nmodels:\n  - source: {ref.uri}\n    pools: [pool-a]\n    windows: [always]\n"
+    )
+    cache = tmp_path / "cache"
+    log = (tmp_path / "daemon.log").open("wb")
+    daemon = subprocess.Popen(
+        [*MODELSYNC, "daemon", "--schedule", str(schedule), "--pool", "pool-a", "--cache-dir", str(cache),
+         "--listen", "127.0.0.1:0", "--tick", "1s", "--jitter", "0"],
+        env=seaweed_reader.subprocess_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while Cache(cache).ready_record(ref) is None:
+            assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            time.sleep(0.1)
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=15) == 0, (tmp_path / "daemon.log").read_text()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+    assert_ready(cache, ref, files)
+    assert record_of(cache, ref)["verified_by"] == "manifest"
+
+
+def test_a_read_only_identity_cannot_publish_exits_4_and_writes_nothing(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str
+) -> None:
+    local = write_model(tmp_path / "model", {"weights.bin": os.urandom(6 * MiB), "config.json": b"{}"})
+
+    result = run_cli(
+        seaweed_reader.subprocess_env(), "publish", str(local), f"s3://{seaweed_bucket}/org/m/rev1/",
+        "--part-size", "5Mi",
+    )  # fmt: skip
+
+    assert result.returncode == ExitCode.ACCESS_DENIED
+    assert "AccessDenied" in one_error_line(result.stderr)
+    admin = seaweed_admin.boto3_client()
+    try:
+        assert admin.list_objects_v2(Bucket=seaweed_bucket).get("KeyCount") == 0
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    ("wrong", "code"),
+    [("secret", "SignatureDoesNotMatch"), ("access key", "InvalidAccessKeyId")],
+)
+def test_wrong_keys_fail_a_pull_with_exit_4_naming_the_s3_error_and_publish_nothing(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_bucket: str, wrong: str, code: str
+) -> None:
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/m/rev1/", {"w.bin": b"x" * KiB})
+    if wrong == "secret":
+        bad = S3Env(seaweed_admin.endpoint_url, seaweed_admin.access_key_id, "not-the-secret")
+    else:
+        bad = S3Env(seaweed_admin.endpoint_url, "no-such-key", seaweed_admin.secret_access_key)
+
+    result = pull(bad, tmp_path / "cache", ref)
+
+    assert result.returncode == ExitCode.ACCESS_DENIED
+    assert code in one_error_line(result.stderr)
+    assert not os.path.lexists(Cache(tmp_path / "cache").ready_path(ref))
+
+
+def test_a_multipart_file_pulled_without_a_manifest_is_verified_by_its_md5_n_etag(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str, proxy: FaultProxy
+) -> None:
+    files = {"weights.bin": os.urandom(11 * MiB)}
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/mp/rev1/", files, "--part-size", "5Mi")
+    admin = seaweed_admin.boto3_client()
+    try:
+        etag = admin.head_object(Bucket=seaweed_bucket, Key=ref.prefix + "weights.bin")["ETag"].strip('"')
+        admin.delete_object(Bucket=seaweed_bucket, Key=ref.prefix + MANIFEST_NAME)
+    finally:
+        admin.close()
+    assert etag.endswith("-3"), etag
+    reader = seaweed_reader.via(proxy.endpoint_url)
+    # Every ranged GET of the file has one bit flipped: only the md5-N check can notice.
+    proxy.add_fault("bitflip", match="weights.bin", arg=1000, times=1000)
+
+    corrupted = pull(reader, tmp_path / "cache", ref, "--part-size", "1Mi")
+
+    assert corrupted.returncode == ExitCode.INTEGRITY, corrupted.stderr
+    assert not os.path.lexists(Cache(tmp_path / "cache").ready_path(ref))
+    proxy.clear()
+
+    clean = pull(reader, tmp_path / "cache", ref, "--part-size", "1Mi")
+
+    assert clean.returncode == 0, clean.stderr
+    assert_ready(tmp_path / "cache", ref, files)
+    record = record_of(tmp_path / "cache", ref)
+    assert record["verified_by"] == "etag-multipart"
+    [entry] = record["files"]
+    assert (entry["path"], entry["size"], entry["etag"]) == ("weights.bin", 11 * MiB, etag)

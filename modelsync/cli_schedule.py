@@ -85,6 +85,14 @@ def plan(
     offline: Annotated[
         bool, typer.Option("--offline", help="Do not ask S3 for the sizes of models not cached.")
     ] = False,
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", help="Nodes of the pool pulling at once; with --store-bandwidth."),
+    ] = None,
+    store_bandwidth: Annotated[
+        str | None,
+        typer.Option("--store-bandwidth", help="The store's egress shared by the pool, e.g. 50G/s."),
+    ] = None,
     cache_dir: CacheDir = None,
     endpoint_url: EndpointUrl = None,
     region: Region = None,
@@ -100,11 +108,14 @@ def plan(
     from modelsync.adapters.cache import Cache
     from modelsync.adapters.schedule_file import read_schedule
     from modelsync.core.eviction import EntryState
-    from modelsync.core.plan import parse_instant, plan_json, plan_node, render_plan
+    from modelsync.core.plan import NodePlan, parse_instant, plan_json, plan_node, render_plan
+    from modelsync.core.pool import plan_pool, pool_json, render_pool
     from modelsync.core.units import parse_rate, parse_size
     from modelsync.engine.evict import budget_bytes
     from modelsync.engine.inventory import RemoteSizes, cache_entries, remote_sizes
 
+    if (nodes is None) != (store_bandwidth is None):
+        raise UsageError("--nodes and --store-bandwidth go together: the pool shares the store's egress")
     loaded = read_schedule(schedule)
     pool_name = _pool(pool)
     if not loaded.for_pool(pool_name):
@@ -123,13 +134,26 @@ def plan(
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
     rate = parse_rate(bandwidth or "0") or settings.max_bandwidth_bytes_per_s
     limit = parse_size(budget) if budget else budget_bytes(settings)
-    node_plan = plan_node(
-        loaded, pool_name, now, entries, limit, float(rate) or None, sizes.known, settings.in_use_grace_s
-    )
+
+    def replan(rate_bytes_per_s: float | None) -> NodePlan:
+        return plan_node(
+            loaded, pool_name, now, entries, limit, rate_bytes_per_s, sizes.known, settings.in_use_grace_s
+        )
+
+    node_plan = replan(float(rate) or None)
+    pool_plan = None
+    if nodes is not None and store_bandwidth is not None:
+        pool_plan = plan_pool(node_plan, replan, nodes, float(parse_rate(store_bandwidth)))
     if json_output:
-        typer.echo(json.dumps(plan_json(node_plan), indent=2))
+        document = plan_json(node_plan)
+        if pool_plan is not None:
+            document["pool_wide"] = pool_json(pool_plan)
+        typer.echo(json.dumps(document, indent=2))
     else:
-        typer.echo("\n".join(render_plan(node_plan)))
+        lines = render_plan(node_plan)
+        if pool_plan is not None:
+            lines += ["", *render_pool(pool_plan)]
+        typer.echo("\n".join(lines))
 
 
 def daemon(

@@ -1,0 +1,237 @@
+"""When the last node of a pool has each model, with every node sharing the store's egress.
+
+A node plan (core/plan.py) times each fetch at the node's own rate. A pool whose
+nodes open the same window pulls N copies of every model through one store, so
+each node gets at most its share of the store's egress:
+
+    per-node rate = min(node rate, store rate / N)
+
+Every node runs the same plan, in the same order, from the same instant, so the
+pool's timeline is the node plan walked at that rate, and the last node has a
+model when that walk reaches it. Filling the pool with what is wanted now takes
+
+    fill = N × bytes to fetch / min(store rate, N × node rate)
+
+e.g. 100 nodes × 700 GB at 50 GB/s of store egress: 70 TB / 50 GB/s = 23m20s,
+however fast each node is.
+
+A model is late *because of the store* when one node alone would have it before
+its window opens but the last node of the pool would not. Two suggestions follow:
+
+- cap each node at the store's share (`--max-bandwidth` = store rate / N, rounded
+  down): a faster node only draws 503 SlowDown and slows the others;
+- start earlier: lead = the model's lead + how late the last node is, rounded up
+  to a minute. A window that is already open (or `always`) has no lead to change.
+
+Start jitter (the daemon's `--jitter`) spreads the starts by seconds; it is left
+out, since it moves the last node by at most that much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from modelsync.core.plan import Action, NodePlan, PlannedModel
+from modelsync.core.units import format_bytes, format_duration
+from modelsync.errors import UsageError
+
+__all__ = ["PoolModel", "PoolPlan", "PoolShare", "plan_pool", "pool_json", "rate_flag", "render_pool"]
+
+_TIMED = (Action.FETCH, Action.LATER)
+_MINUTE_S = 60.0
+_BINARY_RATE_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("ki", 2**10))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShare:
+    """N nodes drawing from one store: who limits the rate each node gets."""
+
+    nodes: int
+    store_bytes_per_s: float
+    #: the node's own limit (its link or --max-bandwidth); None when it is not the limit
+    node_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise UsageError(f"invalid --nodes {self.nodes}; a pool has at least 1 node")
+        if not self.store_bytes_per_s > 0:
+            raise UsageError("invalid --store-bandwidth; it must be more than 0, e.g. 50G/s")
+
+    @property
+    def share_bytes_per_s(self) -> float:
+        """The store's egress divided evenly between the nodes."""
+        return self.store_bytes_per_s / self.nodes
+
+    @property
+    def per_node_bytes_per_s(self) -> float:
+        """What each node gets when all pull at once."""
+        if self.node_bytes_per_s is None:
+            return self.share_bytes_per_s
+        return min(self.node_bytes_per_s, self.share_bytes_per_s)
+
+    @property
+    def store_bound(self) -> bool:
+        """True when the store, not the node, sets the pace."""
+        return self.node_bytes_per_s is None or self.node_bytes_per_s > self.share_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class PoolModel:
+    """One model's timing on one node alone and on the last node of the pool."""
+
+    alone: PlannedModel
+    last: PlannedModel
+
+    @property
+    def store_late(self) -> bool:
+        """The last node misses the window while one node alone would not."""
+        pool_margin = self.last.margin_s
+        alone_margin = self.alone.margin_s
+        return pool_margin is not None and pool_margin < 0 and (alone_margin is None or alone_margin >= 0)
+
+    @property
+    def lead_s(self) -> float | None:
+        """The model's lead time, when it has a window ahead to lead."""
+        if self.alone.window_start is None or self.alone.prefetch_at is None:
+            return None
+        return (self.alone.window_start - self.alone.prefetch_at).total_seconds()
+
+    @property
+    def suggested_lead_s(self) -> float | None:
+        """A lead that lets the last node finish before the window opens; None when it already does."""
+        margin, lead = self.last.margin_s, self.lead_s
+        if margin is None or margin >= 0 or lead is None:
+            return None
+        return math.ceil((lead - margin) / _MINUTE_S) * _MINUTE_S
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    share: PoolShare
+    at: datetime
+    #: the models one node fetches now or later, in fetch order
+    models: tuple[PoolModel, ...]
+    #: bytes one node fetches now (models of unknown size count 0)
+    node_fetch_bytes: int
+
+    @property
+    def pool_fetch_bytes(self) -> int:
+        return self.share.nodes * self.node_fetch_bytes
+
+    @property
+    def fill_s(self) -> float:
+        """Until the last node has everything wanted now, all starting at `at`."""
+        return self.node_fetch_bytes / self.share.per_node_bytes_per_s
+
+    @property
+    def store_late(self) -> tuple[PoolModel, ...]:
+        return tuple(m for m in self.models if m.store_late)
+
+    @property
+    def suggested_max_bandwidth_bytes_per_s(self) -> int:
+        """The store's share per node, rounded down to what `rate_flag` prints."""
+        return _round_down_rate(self.share.share_bytes_per_s)[0]
+
+
+def plan_pool(
+    node: NodePlan, replan: Callable[[float], NodePlan], nodes: int, store_bytes_per_s: float
+) -> PoolPlan:
+    """The pool's timeline next to `node`'s.
+
+    `replan(rate)` must build the same node plan at another bandwidth: the pool's
+    timeline is that plan at the per-node rate the store leaves each node.
+    """
+    share = PoolShare(nodes, store_bytes_per_s, node.bandwidth_bytes_per_s)
+    shared = replan(share.per_node_bytes_per_s)
+    last = {m.model_id: m for m in shared.models}
+    models = tuple(PoolModel(m, last[m.model_id]) for m in node.models if m.action in _TIMED)
+    return PoolPlan(share=share, at=node.at, models=models, node_fetch_bytes=node.fetch_bytes)
+
+
+def rate_flag(bytes_per_s: float) -> str:
+    """A rate as a `--max-bandwidth` value, rounded down so N nodes never exceed the store: `476Mi/s`."""
+    return _round_down_rate(bytes_per_s)[1]
+
+
+def _round_down_rate(bytes_per_s: float) -> tuple[int, str]:
+    for unit, factor in _BINARY_RATE_UNITS:
+        count = int(bytes_per_s // factor)
+        if count >= 1:
+            return count * factor, f"{count}{unit}/s"
+    return int(bytes_per_s), f"{int(bytes_per_s)}/s"
+
+
+def pool_json(plan: PoolPlan) -> dict[str, object]:
+    """The pool section of `modelsync plan --json`: bytes, bytes per second, seconds."""
+
+    def iso(instant: datetime | None) -> str | None:
+        return None if instant is None else instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    return {
+        "nodes": plan.share.nodes,
+        "store_bandwidth_bytes_per_s": plan.share.store_bytes_per_s,
+        "node_bandwidth_bytes_per_s": plan.share.node_bytes_per_s,
+        "per_node_bandwidth_bytes_per_s": plan.share.per_node_bytes_per_s,
+        "store_bound": plan.share.store_bound,
+        "pool_fetch_bytes": plan.pool_fetch_bytes,
+        "fill_s": plan.fill_s,
+        "suggested_max_bandwidth_bytes_per_s": plan.suggested_max_bandwidth_bytes_per_s,
+        "suggested_max_bandwidth": rate_flag(plan.share.share_bytes_per_s),
+        "late": [m.alone.model_id for m in plan.store_late],
+        "models": [
+            {
+                "model": m.alone.model_id,
+                "label": m.alone.label,
+                "node_ready_at": iso(m.alone.ready_at),
+                "node_ready_before_window_s": m.alone.margin_s,
+                "pool_ready_at": iso(m.last.ready_at),
+                "pool_ready_before_window_s": m.last.margin_s,
+                "late": m.store_late,
+                "lead_s": m.lead_s,
+                "suggested_lead_s": m.suggested_lead_s,
+            }
+            for m in plan.models
+        ],
+    }
+
+
+def render_pool(plan: PoolPlan) -> list[str]:
+    """The pool section of `modelsync plan`: the shared rate, the fill time, one row per model."""
+    share = plan.share
+    limit = "the store is the limit" if share.store_bound else "each node is the limit, the store has room"
+    alone = "" if share.node_bytes_per_s is None else f"; one node alone: {_rate(share.node_bytes_per_s)}"
+    lines = [
+        f"pool: {share.nodes} nodes share {_rate(share.store_bytes_per_s)} of store egress: "
+        f"{_rate(share.per_node_bytes_per_s)} per node ({limit}{alone})",
+        f"to fetch now across the pool: {format_bytes(plan.pool_fetch_bytes)}; "
+        f"the last node is done in {format_duration(plan.fill_s)}",
+    ]
+    if share.store_bound:
+        lines.append(
+            f"suggest: --max-bandwidth {rate_flag(share.share_bytes_per_s)} per node "
+            "(the store's share; faster nodes only draw 503 SlowDown)"
+        )
+    if plan.store_late:
+        names = ", ".join(m.alone.label for m in plan.store_late)
+        lines.append(f"LATE: the store makes {len(plan.store_late)} model(s) miss the window: {names}")
+    if not plan.models:
+        return lines
+    rows = [("MODEL", "ONE NODE", f"LAST OF {share.nodes} NODES")]
+    for m in plan.models:
+        pool_note = m.last.note(plan.at)
+        if m.store_late:
+            pool_note = "LATE: " + pool_note
+        if m.suggested_lead_s is not None:
+            pool_note += f" (lead {format_duration(m.suggested_lead_s)} would fit)"
+        rows.append((m.alone.label, m.alone.note(plan.at) or "-", pool_note))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    lines.append("")
+    lines += [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}".rstrip() for r in rows]
+    return lines
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{format_bytes(int(bytes_per_s))}/s"

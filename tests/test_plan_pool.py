@@ -1,0 +1,249 @@
+"""The pool-wide plan: N nodes sharing the store's egress, as arithmetic tables and through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from botocore.client import BaseClient
+from support.cli import run_cli
+
+from modelsync.core.manifest import FileEntry, render_manifest
+from modelsync.core.plan import NodePlan, plan_node
+from modelsync.core.pool import PoolPlan, PoolShare, plan_pool, rate_flag, render_pool
+from modelsync.core.refs import parse_source
+from modelsync.core.schedule import Schedule, ScheduledModel
+from modelsync.core.windows import CronWindow
+from modelsync.errors import UsageError
+
+GB = 10**9
+MiB = 2**20
+AT_0730 = datetime(2026, 5, 4, 7, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "store", "node", "per_node", "store_bound"),
+    [
+        (100, 50 * GB, 2 * GB, 0.5 * GB, True),  # the store's share is below what a node can do
+        (10, 50 * GB, 2 * GB, 2 * GB, False),  # 10 × 2 GB/s fits in 50 GB/s: the node limits
+        (25, 50 * GB, 2 * GB, 2 * GB, False),  # exactly the store's egress
+        (1, 50 * GB, None, 50 * GB, True),  # no node limit: one node takes the whole store
+        (8, 1 * GB, None, 0.125 * GB, True),
+    ],
+)
+def test_each_node_gets_the_smaller_of_its_own_rate_and_its_share_of_the_store(
+    nodes: int, store: float, node: float | None, per_node: float, store_bound: bool
+) -> None:
+    share = PoolShare(nodes, store, node)
+    assert share.per_node_bytes_per_s == pytest.approx(per_node)
+    assert share.store_bound is store_bound
+
+
+@pytest.mark.parametrize(("nodes", "store"), [(0, GB), (-3, GB), (10, 0), (10, -1)])
+def test_a_pool_needs_a_node_and_a_store_that_moves_bytes(nodes: int, store: float) -> None:
+    with pytest.raises(UsageError):
+        PoolShare(nodes, store)
+
+
+@pytest.mark.parametrize(
+    ("rate", "flag"),
+    [(0.5 * GB, "476Mi/s"), (50 * GB, "46Gi/s"), (2**40, "1Ti/s"), (3000, "2ki/s"), (512, "512/s")],
+)
+def test_the_suggested_max_bandwidth_is_rounded_down_so_the_pool_never_exceeds_the_store(
+    rate: float, flag: str
+) -> None:
+    assert rate_flag(rate) == flag
+
+
+def model(name: str, hour: int, minute: int, lead_s: float) -> ScheduledModel:
+    return ScheduledModel(
+        source=parse_source(f"s3://models/org/{name}/r1/"),
+        name=name,
+        pools=("p",),
+        priority=50,
+        lead_s=lead_s,
+        keep_s=3600,
+        windows=(CronWindow(cron=f"{minute} {hour} * * *", duration_s=7200, timezone="UTC"),),
+        line=1,
+    )
+
+
+def pool_plan(
+    sizes: dict[str, int], node_rate: float | None, nodes: int, store: float, *models: ScheduledModel
+) -> PoolPlan:
+    schedule = Schedule(version=1, timezone="UTC", models=models)
+    remote = {f"models/org/{name}/r1": size for name, size in sizes.items()}
+
+    def replan(rate: float | None) -> NodePlan:
+        return plan_node(schedule, "p", AT_0730, {}, None, rate, remote)
+
+    return plan_pool(replan(node_rate), replan, nodes, store)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "store", "pool_ready_s", "late", "lead_s"),
+    [
+        # 100 nodes × 700 GB through 50 GB/s: 70 TB take 1400 s; the window opens 900 s after 07:30.
+        (100, 50 * GB, 1400, True, 39 * 60.0),  # 30m lead + 500 s late, rounded up to a minute
+        (100, 100 * GB, 700, False, None),
+        (10, 50 * GB, 350, False, None),  # the node's own 2 GB/s is the limit
+        (1000, 50 * GB, 14000, True, 30 * 60 + 13100 + 40.0),
+    ],
+)
+def test_the_last_node_is_ready_when_the_shared_store_has_served_every_node(
+    nodes: int, store: float, pool_ready_s: float, late: bool, lead_s: float | None
+) -> None:
+    plan = pool_plan({"big": 700 * GB}, 2 * GB, nodes, store, model("big", 7, 45, 1800))
+
+    (big,) = plan.models
+    assert big.alone.ready_at == AT_0730 + timedelta(seconds=350)
+    assert big.last.ready_at == AT_0730 + timedelta(seconds=pool_ready_s)
+    assert big.store_late is late
+    assert big.suggested_lead_s == lead_s
+    assert plan.fill_s == pytest.approx(pool_ready_s)
+    assert plan.pool_fetch_bytes == nodes * 700 * GB
+
+
+def test_a_model_the_node_alone_already_misses_is_not_blamed_on_the_store() -> None:
+    plan = pool_plan({"big": 700 * GB}, 0.5 * GB, 100, 10 * GB, model("big", 7, 45, 1800))
+
+    (big,) = plan.models
+    assert big.alone.late and not big.store_late
+    assert big.suggested_lead_s == 132 * 60  # 30m + 6100 s late, rounded up to a minute
+    assert plan.store_late == ()
+
+
+def test_the_pool_walks_models_in_fetch_order_and_a_later_one_waits_for_its_prefetch_time() -> None:
+    # "now" is due at 08:00 (lead 45m: fetch now); "later" opens 10:00 with lead 1h (prefetch 09:00).
+    plan = pool_plan(
+        {"now": 70 * GB, "later": 70 * GB},
+        1 * GB,
+        100,
+        10 * GB,
+        model("now", 8, 0, 2700),
+        model("later", 10, 0, 3600),
+    )
+
+    first, second = plan.models
+    assert first.last.ready_at == AT_0730 + timedelta(seconds=700)  # 70 GB at 0.1 GB/s per node
+    assert second.last.ready_at == datetime(2026, 5, 4, 9, 0, tzinfo=UTC) + timedelta(seconds=700)
+    assert not first.store_late and not second.store_late
+    assert plan.fill_s == pytest.approx(700)  # only "now" is wanted now
+
+
+def test_without_a_node_rate_the_store_share_alone_times_the_pool() -> None:
+    plan = pool_plan({"big": 700 * GB}, None, 100, 50 * GB, model("big", 7, 45, 1800))
+
+    (big,) = plan.models
+    assert big.alone.ready_at is None
+    assert big.last.ready_at == AT_0730 + timedelta(seconds=1400)
+    assert big.store_late
+    text = "\n".join(render_pool(plan))
+    assert "(the store is the limit)" in text
+    assert "LATE: ready 8m20s after the window opens (lead 39m would fit)" in text
+
+
+# ---- through the real CLI ------------------------------------------------------------
+
+SCHEDULE = """\
+version: 1
+timezone: UTC
+models:
+  - name: deepseek-v3
+    source: s3://{bucket}/deepseek-ai/DeepSeek-V3/2025-03-24/
+    pools: [b300-serving]
+    lead: 30m
+    windows: [{{cron: "45 7 * * *", duration: 12h}}]
+  - name: qwen-small
+    source: s3://{bucket}/Qwen/Qwen3-0.6B/2025-04-29/
+    pools: [b300-serving]
+    lead: 30m
+    windows: [{{cron: "0 9 * * *", duration: 12h}}]
+"""
+
+
+def publish_manifest(client: BaseClient, bucket: str, prefix: str, size_bytes: int) -> None:
+    """A manifest alone: `plan` sizes models from it, so a 700 GB model needs no 700 GB upload."""
+    entry = FileEntry(path="model.safetensors", size=size_bytes, xxh3_128="0" * 32, etag=None)
+    client.put_object(Bucket=bucket, Key=prefix + "modelsync.manifest.json", Body=render_manifest([entry]))
+
+
+def plan_cli(
+    tmp_path: Path, child_env: dict[str, str], bucket: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(SCHEDULE.format(bucket=bucket))
+    return run_cli(
+        child_env, "plan", "--schedule", str(schedule), "--pool", "b300-serving", "--at", "2026-05-04T07:30",
+        "--cache-dir", str(tmp_path / "cache"), "--bandwidth", "2G/s", *args,
+    )  # fmt: skip
+
+
+def test_plan_flags_a_pool_of_100_nodes_the_store_cannot_fill_before_the_window(
+    tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
+) -> None:
+    publish_manifest(s3_client, bucket, "deepseek-ai/DeepSeek-V3/2025-03-24/", 700 * GB)
+    publish_manifest(s3_client, bucket, "Qwen/Qwen3-0.6B/2025-04-29/", 2 * GB)
+
+    table = plan_cli(tmp_path, child_env, bucket, "--nodes", "100", "--store-bandwidth", "50G/s")
+    as_json = plan_cli(tmp_path, child_env, bucket, "--nodes", "100", "--store-bandwidth", "50G/s", "--json")
+
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    # One node alone is on time: the node table has no LATE.
+    node_row = next(line for line in lines if line.startswith("fetch") and "deepseek-v3" in line)
+    assert node_row.endswith("  ready 9m10s before the window opens")
+    assert "pool: 100 nodes share 46.6 GiB/s of store egress: 476.8 MiB/s per node" in table.stdout
+    assert "to fetch now across the pool: 63.7 TiB; the last node is done in 23m20s" in table.stdout
+    assert "suggest: --max-bandwidth 476Mi/s per node" in table.stdout
+    assert "LATE: the store makes 1 model(s) miss the window: deepseek-v3" in lines
+    row = [line for line in lines if line.startswith("deepseek-v3") and "LATE" in line]
+    assert len(row) == 1, table.stdout
+    assert row[0].split()[1:7] == ["ready", "9m10s", "before", "the", "window", "opens"]
+    assert row[0].endswith("LATE: ready 8m20s after the window opens (lead 39m would fit)")
+    assert [line for line in lines if line.startswith("qwen-small")][-1].count("LATE") == 0
+
+    assert as_json.returncode == 0, as_json.stderr
+    pool = json.loads(as_json.stdout)["pool_wide"]
+    deepseek = f"{bucket}/deepseek-ai/DeepSeek-V3/2025-03-24"
+    assert pool["late"] == [deepseek]
+    assert (pool["nodes"], pool["store_bound"], pool["fill_s"]) == (100, True, 1400.0)
+    assert pool["suggested_max_bandwidth"] == "476Mi/s"
+    (entry,) = [m for m in pool["models"] if m["model"] == deepseek]
+    assert (entry["node_ready_before_window_s"], entry["pool_ready_before_window_s"]) == (550.0, -500.0)
+    assert (entry["pool_ready_at"], entry["suggested_lead_s"]) == ("2026-05-04T07:53:20Z", 2340.0)
+
+
+def test_plan_finds_no_store_lateness_when_the_pool_is_small_enough(
+    tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
+) -> None:
+    publish_manifest(s3_client, bucket, "deepseek-ai/DeepSeek-V3/2025-03-24/", 700 * GB)
+    publish_manifest(s3_client, bucket, "Qwen/Qwen3-0.6B/2025-04-29/", 2 * GB)
+
+    result = plan_cli(tmp_path, child_env, bucket, "--nodes", "10", "--store-bandwidth", "50G/s", "--json")
+
+    assert result.returncode == 0, result.stderr
+    pool = json.loads(result.stdout)["pool_wide"]
+    assert (pool["late"], pool["store_bound"]) == ([], False)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--nodes", "100"), "--nodes and --store-bandwidth go together"),
+        (("--store-bandwidth", "50G/s"), "--nodes and --store-bandwidth go together"),
+        (("--nodes", "0", "--store-bandwidth", "50G/s"), "invalid --nodes 0"),
+        (("--nodes", "10", "--store-bandwidth", "fast"), "invalid size 'fast'"),
+    ],
+)
+def test_plan_refuses_a_half_or_bad_pool_with_one_line_and_exit_2(
+    tmp_path: Path, args: tuple[str, ...], expected: str
+) -> None:
+    result = plan_cli(tmp_path, dict(os.environ), "models", "--offline", *args)
+
+    assert result.returncode == 2
+    assert expected in result.stderr.strip().splitlines()[0] and len(result.stderr.strip().splitlines()) == 1

@@ -31,7 +31,7 @@ from aiobotocore.config import AioConfig
 from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import ClientError, ReadTimeoutError
-from support.faultproxy import FaultProxy
+from support.faultproxy import FaultProxy, Throttle
 from support.motoserver import SubprocessMoto, ThreadedMoto
 from support.s3env import CA_BUNDLE_VARS, S3Env
 
@@ -631,3 +631,40 @@ def test_proxy_threads_do_not_outlive_the_proxy(s3_env: S3Env) -> None:
     with FaultProxy(s3_env.endpoint_url):
         assert "fault-proxy" in {t.name for t in threading.enumerate()}
     assert {t.name for t in threading.enumerate()} - before == set()
+
+
+# ---- throttling ----------------------------------------------------------------------
+
+
+def test_throttle_admits_k_requests_a_second_and_answers_the_rest_503_slowdown_with_retry_after(
+    raw_get: RawGet, blob: Blob, fault_proxy: FaultProxy
+) -> None:
+    fault_proxy.set_throttle(Throttle(requests_per_s=3, retry_after_s=2, match=blob.key))
+
+    responses = [raw_get(blob) for _ in range(5)]  # bodies are read after, to keep the burst short
+    answers = [(r.status, r.getheader("Retry-After"), r.read()) for r in responses]
+    time.sleep(1.1)
+    after_a_second = raw_get(blob)
+
+    # Five requests well within one second (a loaded machine has a full second for them).
+    assert [status for status, _, _ in answers] == [200, 200, 200, 503, 503]
+    assert [retry for status, retry, _ in answers if status == 503] == ["2", "2"]
+    assert all(b"<Code>SlowDown</Code>" in body for status, _, body in answers if status == 503)
+    assert answers[0][2] == blob.data
+    assert after_a_second.status == 200 and after_a_second.read() == blob.data
+    assert [r.status for r in fault_proxy.requests(match=blob.key)] == [200, 200, 200, 503, 503, 200]
+
+
+def test_throttle_leaves_other_requests_alone_and_lifts_when_cleared(
+    raw_get: RawGet, proxied_client: BaseClient, blob: Blob, fault_proxy: FaultProxy
+) -> None:
+    fault_proxy.set_throttle(Throttle(requests_per_s=1, match=blob.key, method="GET"))
+    assert raw_get(blob).status == 200
+    assert raw_get(blob).status == 503
+    assert proxied_client.head_object(Bucket=blob.bucket, Key=blob.key)["ContentLength"] == BLOB_BYTES
+
+    fault_proxy.set_throttle(None)
+
+    assert [raw_get(blob).status for _ in range(3)] == [200, 200, 200]
+    with pytest.raises(ValueError):
+        fault_proxy.set_throttle(Throttle(requests_per_s=0))

@@ -7,6 +7,10 @@ bit, stall mid-body, or delay the headers. Requests are forwarded byte for byte
 Authorization, body), so SigV4 signatures computed for the proxy's address still
 validate upstream.
 
+Besides one-off faults the proxy can play a store's request budget (`set_throttle`):
+beyond K requests in any one second it answers 503 SlowDown with Retry-After, as
+AIStor and S3 do when a pool of nodes starts at once.
+
 The proxy runs its own event loop in a background thread, so sync tests, async tests
 and child processes can all point at it. Faults are queued from the test thread;
 each one is consumed by the next request it matches. Every request is logged, so
@@ -24,6 +28,7 @@ import struct
 import termios
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Self, get_args
@@ -116,6 +121,22 @@ class Fault:
         if self.method is not None and self.method.upper() != method.upper():
             return False
         return _path_matches(self.match, raw_path)
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """A store's request budget: beyond `requests_per_s` matching requests in any one
+    second, answer 503 SlowDown with `Retry-After: retry_after_s`. Refused requests do
+    not count against the budget; `match` and `method` select requests as for a Fault."""
+
+    requests_per_s: int
+    retry_after_s: float = 1.0
+    match: str = ""
+    method: str | None = None
+
+    @property
+    def answer(self) -> Fault:
+        return Fault("status503", self.match, self.retry_after_s, self.method)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +239,8 @@ class FaultProxy(Service):
         self._faults: list[_Queued] = []
         self._sustained: list[tuple[float, Fault]] = []
         self._log: list[_Entry] = []
+        self._throttle: Throttle | None = None
+        self._admitted_at: deque[float] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -272,6 +295,14 @@ class FaultProxy(Service):
             raise ValueError(f"only error answers can be sustained: {sorted(_ERROR_BODIES)}")
         with self._lock:
             self._sustained.append((time.monotonic() + seconds, Fault(action, match, 0, method)))
+
+    def set_throttle(self, throttle: Throttle | None) -> None:
+        """Enforce `throttle` from now on (None lifts it); queued faults still come first."""
+        if throttle is not None and throttle.requests_per_s < 1:
+            raise ValueError("a throttle admits at least 1 request per second")
+        with self._lock:
+            self._throttle = throttle
+            self._admitted_at.clear()
 
     def pending_faults(self) -> list[Fault]:
         """Faults not yet consumed (one entry per remaining use), to assert none was missed."""
@@ -370,6 +401,20 @@ class FaultProxy(Service):
                     return queued.fault
         return None
 
+    def _over_budget(self, method: str, raw_path: str) -> Fault | None:
+        """The throttle's 503 when this request would exceed the budget of the last second."""
+        with self._lock:
+            throttle = self._throttle
+            if throttle is None or not throttle.answer.applies_to(method, raw_path):
+                return None
+            now = time.monotonic()
+            while self._admitted_at and self._admitted_at[0] <= now - 1.0:
+                self._admitted_at.popleft()
+            if len(self._admitted_at) < throttle.requests_per_s:
+                self._admitted_at.append(now)
+                return None
+            return throttle.answer
+
     def _record(self, entry: _Entry, **changes: object) -> None:
         with self._lock:
             for name, value in changes.items():
@@ -378,7 +423,9 @@ class FaultProxy(Service):
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.path == CONTROL_PATH:
             return await self._control(request)
-        fault = self._take_fault(request.method, request.raw_path)
+        fault = self._take_fault(request.method, request.raw_path) or self._over_budget(
+            request.method, request.raw_path
+        )
         entry = _Entry(
             request.method,
             request.raw_path,

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import MODELSYNC, one_error_line, run_cli
+from support.cli import MODELSYNC, one_error_line, publish, run_cli, write_model
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 from support.seaweedfs import SeaweedFS
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import MANIFEST_NAME
-from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.refs import ModelRef
 from modelsync.errors import ExitCode
 
 pytestmark = pytest.mark.seaweedfs
@@ -42,21 +42,6 @@ PRESIGNED = "X-Amz-Signature"
 def proxy(seaweedfs: SeaweedFS) -> Iterator[FaultProxy]:
     with FaultProxy(seaweedfs.endpoint_url) as started:
         yield started
-
-
-def write_model(root: Path, files: dict[str, bytes]) -> Path:
-    for name, data in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
-
-
-def publish(env: S3Env, tmp_path: Path, uri: str, files: dict[str, bytes], *extra: str) -> ModelRef:
-    """Publish `files` with the real CLI as `env`'s identity; the test fails if that fails."""
-    local = write_model(tmp_path / f"local-{len(list(tmp_path.iterdir()))}", files)
-    result = run_cli(env.subprocess_env(), "publish", str(local), uri, *extra)
-    assert result.returncode == 0, result.stderr
-    return parse_source(uri)
 
 
 def pull(env: S3Env, cache: Path, ref: ModelRef, *extra: str) -> subprocess.CompletedProcess[str]:

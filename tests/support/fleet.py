@@ -1,0 +1,129 @@
+"""A pool of nodes on one machine: N caches, each filled by its own `modelsync pull` process.
+
+When a window opens, every node of a pool pulls the same model at once and the
+store throttles. Here each node is a separate cache directory and a separate
+process (its own retry state and backoff, as on separate machines), all started
+together against one endpoint, typically a throttling `FaultProxy`. What a
+closing note quotes comes out as `FleetFigures`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.cli import MODELSYNC
+from support.faultproxy import FaultProxy
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResult:
+    node: int
+    cache: Path
+    #: None when it was still running at the deadline (then killed)
+    returncode: int | None
+    #: seconds from the fleet's start until this pull exited
+    finished_s: float
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFigures:
+    """The figures of one fleet run, from the nodes' exits and the proxy's log."""
+
+    nodes: int
+    model_bytes: int
+    requests_per_s_budget: int
+    first_done_s: float
+    last_done_s: float
+    failed: int
+    requests: int
+    throttled: int
+    bytes_served: int
+
+    @property
+    def spread_s(self) -> float:
+        """Between the first and the last node having the model."""
+        return self.last_done_s - self.first_done_s
+
+    def lines(self) -> list[str]:
+        return [
+            f"fleet: {self.nodes} nodes x {self.model_bytes} bytes through a store admitting "
+            f"{self.requests_per_s_budget} requests/s",
+            f"  failed pulls:       {self.failed}",
+            f"  first node done:    {self.first_done_s:.1f} s",
+            f"  last node done:     {self.last_done_s:.1f} s",
+            f"  completion spread:  {self.spread_s:.1f} s",
+            f"  requests seen:      {self.requests}",
+            f"  503 SlowDown sent:  {self.throttled}",
+            f"  body bytes served:  {self.bytes_served} "
+            f"({self.bytes_served / max(self.nodes * self.model_bytes, 1):.3f} x nodes x model)",
+        ]
+
+
+def run_fleet(
+    env: dict[str, str], uri: str, caches: Sequence[Path], *extra: str, timeout_s: float = 600
+) -> list[NodeResult]:
+    """Start one `modelsync pull URI` per cache at once and wait for all (killing any past the deadline).
+
+    Output goes to files beside each cache, never pipes: N undrained pipes could
+    block the pulls they are meant to observe.
+    """
+    started = time.monotonic()
+    running = []
+    for cache in caches:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        out, err = cache.with_suffix(".out").open("w"), cache.with_suffix(".err").open("w")
+        process = subprocess.Popen(
+            [*MODELSYNC, "pull", uri, "--cache-dir", str(cache), "--quiet", *extra],
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+        )  # fmt: skip
+        running.append((process, out, err))
+    finished: dict[int, float] = {}
+    deadline = started + timeout_s
+    try:
+        while len(finished) < len(running) and time.monotonic() < deadline:
+            for index, (process, _out, _err) in enumerate(running):
+                if index not in finished and process.poll() is not None:
+                    finished[index] = time.monotonic() - started
+            time.sleep(0.05)
+    finally:
+        for process, out, err in running:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            out.close()
+            err.close()
+    return [
+        NodeResult(
+            node=index,
+            cache=cache,
+            returncode=process.returncode if index in finished else None,
+            finished_s=finished.get(index, timeout_s),
+            stdout=cache.with_suffix(".out").read_text(),
+            stderr=cache.with_suffix(".err").read_text(),
+        )
+        for index, (cache, (process, _out, _err)) in enumerate(zip(caches, running, strict=True))
+    ]
+
+
+def fleet_figures(
+    results: Sequence[NodeResult], proxy: FaultProxy, model_bytes: int, requests_per_s_budget: int
+) -> FleetFigures:
+    done = [r.finished_s for r in results]
+    seen = proxy.requests()
+    return FleetFigures(
+        nodes=len(results),
+        model_bytes=model_bytes,
+        requests_per_s_budget=requests_per_s_budget,
+        first_done_s=min(done),
+        last_done_s=max(done),
+        failed=sum(1 for r in results if r.returncode != 0),
+        requests=len(seen),
+        throttled=sum(1 for r in seen if r.status == 503),
+        bytes_served=sum(r.body_bytes_sent for r in seen if r.method == "GET"),
+    )

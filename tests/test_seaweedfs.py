@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import MODELSYNC, one_error_line, publish, run_cli, write_model
+from support.cli import MODELSYNC, one_error_line, publish, run_cli, sigkill_when, write_model
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 from support.seaweedfs import SeaweedFS
@@ -89,19 +89,7 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
          "--concurrency", "2", "--max-bandwidth", "4Mi"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while sum(len(p) for p in journal.load().parts.values()) < 2:
-            assert slow.poll() is None, f"the pull ended before it could be killed: {slow.communicate()}"
-            assert time.monotonic() < deadline, "no journaled parts within 30 s"
-            time.sleep(0.02)
-        slow.send_signal(signal.SIGKILL)
-        slow.wait(timeout=10)
-    finally:
-        if slow.poll() is None:
-            slow.kill()
-        slow.communicate()
-    assert slow.returncode == -signal.SIGKILL
+    sigkill_when(slow, lambda: sum(len(p) for p in journal.load().parts.values()) >= 2, "two journaled parts")
     assert not os.path.lexists(Cache(cache).ready_path(ref))
     done = journal.load().parts["weights.bin"]
     assert 2 <= len(done) < 12

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from modelsync.core.refs import ModelRef, parse_source
 from support.s3env import S3Env
@@ -17,6 +21,29 @@ def run_cli(env: dict[str, str], *args: str, timeout_s: float = 60) -> subproces
     return subprocess.run(
         [*MODELSYNC, *args], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
     )
+
+
+def sigkill_when(
+    process: subprocess.Popen[Any], condition: Callable[[], bool], what: str, timeout_s: float = 30
+) -> None:
+    """SIGKILL `process` as soon as `condition()` holds: a crash at a chosen point of a transfer.
+
+    Fails the test when the process exits first or `what` does not happen within
+    `timeout_s`; the process is reaped (and its pipes drained) whatever happens.
+    """
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert process.poll() is None, f"it ended before it could be killed: {process.communicate()}"
+            assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+    assert process.returncode == -signal.SIGKILL
 
 
 def one_error_line(stderr: str) -> str:

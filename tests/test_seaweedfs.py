@@ -28,7 +28,7 @@ from support.seaweedfs import SeaweedFS
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import MANIFEST_NAME
-from modelsync.core.refs import ModelRef
+from modelsync.core.refs import ModelRef, parse_source
 from modelsync.errors import ExitCode
 
 pytestmark = pytest.mark.seaweedfs
@@ -253,3 +253,38 @@ def test_a_multipart_file_pulled_without_a_manifest_is_verified_by_its_md5_n_eta
     assert record["verified_by"] == "etag-multipart"
     [entry] = record["files"]
     assert (entry["path"], entry["size"], entry["etag"]) == ("weights.bin", 11 * MiB, etag)
+
+
+def test_an_object_overwritten_mid_pull_is_refused_by_if_match_and_fetched_again_whole(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str, proxy: FaultProxy
+) -> None:
+    """No manifest: the listing's ETag is all a pull trusts, and SeaweedFS answers 412 to a stale one."""
+    key = "org/moving/rev1/weights.bin"
+    old, new = os.urandom(8 * MiB), os.urandom(8 * MiB)
+    ref = parse_source(f"s3://{seaweed_bucket}/org/moving/rev1/")
+    cache = tmp_path / "cache"
+    journal = Cache(cache).staging(ref).journal
+    admin = seaweed_admin.boto3_client()
+    admin.put_object(Bucket=seaweed_bucket, Key=key, Body=old)
+    slow = subprocess.Popen(
+        [*MODELSYNC, "pull", ref.uri, "--cache-dir", str(cache), "--quiet", "--part-size", "1Mi",
+         "--concurrency", "2", "--max-bandwidth", "2Mi"],
+        env=seaweed_reader.via(proxy.endpoint_url).subprocess_env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not any(journal.load().parts.values()):
+            assert slow.poll() is None and time.monotonic() < deadline, "no journaled part within 30 s"
+            time.sleep(0.02)
+        admin.put_object(Bucket=seaweed_bucket, Key=key, Body=new)
+        _out, err = slow.communicate(timeout=60)
+    finally:
+        admin.close()
+        if slow.poll() is None:
+            slow.kill()
+            slow.communicate()
+
+    assert slow.returncode == 0, err
+    assert_ready(cache, ref, {"weights.bin": new})
+    assert 412 in {r.status for r in proxy.requests(PRESIGNED)}

@@ -41,9 +41,12 @@ from support.s3env import S3Env
 from support.service import Service
 
 LOOPBACK = "127.0.0.1"
-# gRPC twins sit at port + GRPC_OFFSET; bases stay low enough for the twins to be valid.
+# gRPC twins sit at port + GRPC_OFFSET. Ports (and twins) are chosen below the kernel's
+# ephemeral range, so that no client connection on the machine can take one between
+# the check and weed's bind.
 GRPC_OFFSET = 10000
-_PORT_LOW, _PORT_HIGH = 20000, 45000
+_PORT_LOW = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _SERVICES = ("s3", "master", "volume", "filer")
 _ADMIN_ACTIONS = ("Admin", "Read", "List", "Tagging", "Write")
 MAX_VOLUMES = 1000
@@ -101,8 +104,13 @@ def pick_ports(count: int = len(_SERVICES), attempts: int = 200) -> tuple[int, .
     A free port can be taken before weed binds it; `SeaweedFS.start` retries on
     other ports when the server dies at start.
     """
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # the Linux default
+    high = max(ephemeral_low - GRPC_OFFSET - count, _PORT_LOW + 1)
     for _ in range(attempts):
-        base = random.randrange(_PORT_LOW, _PORT_HIGH - count)
+        base = random.randrange(_PORT_LOW, high)
         ports = tuple(range(base, base + count))
         if all(_free(p) and _free(p + GRPC_OFFSET) for p in ports):
             return ports

@@ -60,6 +60,8 @@ class FleetFigures:
             f"  completion spread:  {self.spread_s:.1f} s",
             f"  requests seen:      {self.requests}",
             f"  503 SlowDown sent:  {self.throttled}",
+            f"  admitted:           {self.requests - self.throttled} "
+            f"({(self.requests - self.throttled) / max(self.last_done_s, 1e-9):.1f}/s over the run)",
             f"  body bytes served:  {self.bytes_served} "
             f"({self.bytes_served / max(self.nodes * self.model_bytes, 1):.3f} x nodes x model)",
         ]

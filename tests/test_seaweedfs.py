@@ -16,6 +16,8 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,3 +290,34 @@ def test_an_object_overwritten_mid_pull_is_refused_by_if_match_and_fetched_again
     assert slow.returncode == 0, err
     assert_ready(cache, ref, {"weights.bin": new})
     assert 412 in {r.status for r in proxy.requests(PRESIGNED)}
+
+
+def test_the_server_checks_presigned_signatures_so_the_tier_is_not_a_moto_in_disguise(
+    seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str
+) -> None:
+    admin = seaweed_admin.boto3_client()
+    reader = seaweed_reader.boto3_client(signature_version="s3v4")
+    try:
+        admin.put_object(Bucket=seaweed_bucket, Key="k.bin", Body=b"payload")
+        url = reader.generate_presigned_url(
+            "get_object", Params={"Bucket": seaweed_bucket, "Key": "k.bin"}, ExpiresIn=600
+        )
+    finally:
+        admin.close()
+        reader.close()
+    signature = url.rsplit("X-Amz-Signature=", 1)[1]
+    tampered = url.replace(signature, ("0" if signature[0] != "0" else "1") + signature[1:])
+    unsigned = url.split("?", 1)[0]
+
+    assert _status(url, {"Range": "bytes=0-2"}) == (206, b"pay")
+    assert _status(tampered, {})[0] == 403
+    assert _status(unsigned, {})[0] == 403
+
+
+def _status(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()

@@ -79,17 +79,20 @@ class S3Env:
         total_max_attempts: int = 3,
         read_timeout_s: float = 10.0,
         connect_timeout_s: float = 5.0,
+        signature_version: str | None = None,
     ) -> BaseClient:
         """A sync boto3 S3 client; close it when done, or the pooled sockets leak.
 
         `total_max_attempts` counts the first call too (botocore's `max_attempts` does
-        not), so 1 means "no retries", which fault tests usually want.
+        not), so 1 means "no retries", which fault tests usually want. Presigned URLs
+        are SigV2 unless `signature_version="s3v4"` (what modelsync signs with).
         """
         config = Config(
             retries={"mode": "standard", "total_max_attempts": total_max_attempts},
             read_timeout=read_timeout_s,
             connect_timeout=connect_timeout_s,
             s3={"addressing_style": "path"},
+            signature_version=signature_version,
         )
         with _SESSION_LOCK:
             return _shared_session().client("s3", config=config, **self.client_kwargs())

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.cli import run_cli
 
 from modelsync.core.manifest import FileEntry, render_manifest
@@ -247,3 +249,25 @@ def test_plan_refuses_a_half_or_bad_pool_with_one_line_and_exit_2(
 
     assert result.returncode == 2
     assert expected in result.stderr.strip().splitlines()[0] and len(result.stderr.strip().splitlines()) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=10**12), min_size=1, max_size=4),
+    node_rate=st.floats(min_value=1e6, max_value=1e11),
+    nodes=st.integers(min_value=1, max_value=2000),
+    store=st.floats(min_value=1e6, max_value=1e12),
+)
+def test_the_last_node_is_never_ahead_of_one_node_alone_and_one_unbounded_node_is_the_node(
+    sizes: list[int], node_rate: float, nodes: int, store: float
+) -> None:
+    names = [f"m{i}" for i in range(len(sizes))]
+    models = [model(name, 8 + i, 0, 3600) for i, name in enumerate(names)]
+    plan = pool_plan(dict(zip(names, sizes, strict=True)), node_rate, nodes, store, *models)
+
+    for m in plan.models:
+        assert m.alone.ready_at is not None and m.last.ready_at is not None
+        assert m.last.ready_at >= m.alone.ready_at
+        assert not (m.store_late and m.alone.late)
+    alone = pool_plan(dict(zip(names, sizes, strict=True)), node_rate, 1, max(store, node_rate), *models)
+    assert [m.last.ready_at for m in alone.models] == [m.alone.ready_at for m in alone.models]

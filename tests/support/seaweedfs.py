@@ -143,12 +143,6 @@ class SeaweedFS(Service):
             raise RuntimeError("start() the server first")
         return f"http://{LOOPBACK}:{self._s3_port}"
 
-    @property
-    def pid(self) -> int:
-        if self._process is None:
-            raise RuntimeError("start() the server first")
-        return self._process.pid
-
     def env(self, identity: Identity) -> S3Env:
         return S3Env(self.endpoint_url, identity.access_key_id, identity.secret_access_key)
 
@@ -159,19 +153,20 @@ class SeaweedFS(Service):
         self._data_dir.mkdir(parents=True, exist_ok=True)
         config.write_text(json.dumps({"identities": [i.as_json() for i in self._identities]}))
         (self._data_dir / "master.toml").write_text(_MASTER_TOML)
-        for attempt in range(port_attempts):
+        attempts = 0
+        while True:
+            attempts += 1
             try:
                 self._launch(config, pick_ports())
                 self._wait_until_writable(deadline)
                 return self
             except _DiedAtStart:
                 self.stop()
-                if attempt == port_attempts - 1 or time.monotonic() >= deadline:
+                if attempts >= port_attempts or time.monotonic() >= deadline:
                     raise RuntimeError(f"weed exited at start: {self._log_tail()}") from None
             except BaseException:
                 self.stop()
                 raise
-        raise AssertionError("unreachable")
 
     def stop(self) -> None:
         """SIGKILL and reap it; the data directory stays for post-mortems.

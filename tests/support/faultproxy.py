@@ -28,7 +28,6 @@ import struct
 import termios
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Self, get_args
@@ -239,11 +238,11 @@ class FaultProxy(Service):
         self._faults: list[_Queued] = []
         self._sustained: list[tuple[float, Fault]] = []
         self._log: list[_Entry] = []
-        self._throttle: Throttle | None = None
-        self._admitted_at: deque[float] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
+        self._throttle: Throttle | None = None
+        self._admitted_at: list[float] = []  # monotonic times of requests the throttle let through
         # Created on the proxy's loop in _serve; only touched from that loop.
         self._stopping: asyncio.Event | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -296,6 +295,11 @@ class FaultProxy(Service):
         with self._lock:
             self._sustained.append((time.monotonic() + seconds, Fault(action, match, 0, method)))
 
+    def pending_faults(self) -> list[Fault]:
+        """Faults not yet consumed (one entry per remaining use), to assert none was missed."""
+        with self._lock:
+            return [q.fault for q in self._faults for _ in range(q.remaining)]
+
     def set_throttle(self, throttle: Throttle | None) -> None:
         """Enforce `throttle` from now on (None lifts it); queued faults still come first."""
         if throttle is not None and throttle.requests_per_s < 1:
@@ -303,11 +307,6 @@ class FaultProxy(Service):
         with self._lock:
             self._throttle = throttle
             self._admitted_at.clear()
-
-    def pending_faults(self) -> list[Fault]:
-        """Faults not yet consumed (one entry per remaining use), to assert none was missed."""
-        with self._lock:
-            return [q.fault for q in self._faults for _ in range(q.remaining)]
 
     def requests(self, match: str = "", method: str | None = None) -> list[RequestRecord]:
         """The request log in arrival order, optionally filtered like a fault."""
@@ -408,8 +407,7 @@ class FaultProxy(Service):
             if throttle is None or not throttle.answer.applies_to(method, raw_path):
                 return None
             now = time.monotonic()
-            while self._admitted_at and self._admitted_at[0] <= now - 1.0:
-                self._admitted_at.popleft()
+            self._admitted_at = [t for t in self._admitted_at if t > now - 1.0]
             if len(self._admitted_at) < throttle.requests_per_s:
                 self._admitted_at.append(now)
                 return None

@@ -87,11 +87,19 @@ def plan(
     ] = False,
     nodes: Annotated[
         int | None,
-        typer.Option("--nodes", help="Nodes of the pool pulling at once; with --store-bandwidth."),
+        typer.Option(
+            "--nodes",
+            metavar="N",
+            help="Nodes of the pool pulling at once; needs --store-bandwidth. [default: none]",
+        ),
     ] = None,
     store_bandwidth: Annotated[
         str | None,
-        typer.Option("--store-bandwidth", help="The store's egress shared by the pool, e.g. 50G/s."),
+        typer.Option(
+            "--store-bandwidth",
+            metavar="RATE",
+            help="The store's egress the pool shares, e.g. 50G/s; needs --nodes. [default: none]",
+        ),
     ] = None,
     cache_dir: CacheDir = None,
     endpoint_url: EndpointUrl = None,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.cli import sigkill_when
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 from support.safetensors import shard
@@ -94,18 +95,7 @@ def pull_command(bucket: str, cache: Path, *extra: str) -> list[str]:
 def kill_after_parts(command: list[str], env: dict[str, str], cache: Path, parts: int) -> int:
     """Run a slowed pull and SIGKILL it once its journal holds `parts` parts; its exit status."""
     slow = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while len(journal_parts(cache)) < parts:
-            assert slow.poll() is None, f"pull ended before it could be killed: {slow.communicate()}"
-            assert time.monotonic() < deadline, "no journaled parts within 30 s"
-            time.sleep(0.02)
-        os.kill(slow.pid, signal.SIGKILL)
-        slow.wait(timeout=10)
-    finally:
-        if slow.poll() is None:
-            slow.kill()
-        slow.communicate()
+    sigkill_when(slow, lambda: len(journal_parts(cache)) >= parts, f"{parts} journaled parts")
     return slow.returncode
 
 

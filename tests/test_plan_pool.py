@@ -239,7 +239,7 @@ def test_plan_finds_no_store_lateness_when_the_pool_is_small_enough(
         (("--nodes", "100"), "--nodes and --store-bandwidth go together"),
         (("--store-bandwidth", "50G/s"), "--nodes and --store-bandwidth go together"),
         (("--nodes", "0", "--store-bandwidth", "50G/s"), "invalid --nodes 0"),
-        (("--nodes", "10", "--store-bandwidth", "fast"), "invalid size 'fast'"),
+        (("--nodes", "10", "--store-bandwidth", "fast"), "invalid rate 'fast'"),
     ],
 )
 def test_plan_refuses_a_half_or_bad_pool_with_one_line_and_exit_2(

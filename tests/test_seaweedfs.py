@@ -193,7 +193,7 @@ def test_a_read_only_identity_cannot_publish_exits_4_and_writes_nothing(
 
     result = run_cli(
         seaweed_reader.subprocess_env(), "publish", str(local), f"s3://{seaweed_bucket}/org/m/rev1/",
-        "--part-size", "5Mi",
+        "--part-size", "5Mi", "--quiet",
     )  # fmt: skip
 
     assert result.returncode == ExitCode.ACCESS_DENIED

@@ -49,8 +49,8 @@ def test_a_pool_of_nodes_pulls_one_model_through_a_throttling_store_and_every_no
 ) -> None:
     assert NODES >= 8, "a fleet is at least 8 nodes"
     files = {
-        "model-00001-of-00002.safetensors": os.urandom(8 * MiB),
-        "model-00002-of-00002.safetensors": os.urandom(4 * MiB),
+        "weights-1.bin": os.urandom(8 * MiB),
+        "weights-2.bin": os.urandom(4 * MiB),
         "config.json": b'{"layers": 2}',
     }
     model_bytes = sum(len(d) for d in files.values())

@@ -64,7 +64,7 @@ def assert_ready(cache: Path, ref: ModelRef, files: dict[str, bytes]) -> None:
 def test_a_model_published_by_the_admin_is_pulled_by_a_read_only_identity_with_every_byte_checked(
     tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str
 ) -> None:
-    files = {"model.safetensors": os.urandom(6 * MiB), "config.json": b'{"layers": 2}'}
+    files = {"weights.bin": os.urandom(6 * MiB), "config.json": b'{"layers": 2}'}
     ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/m/rev1/", files, "--part-size", "5Mi")
 
     result = pull(seaweed_reader, tmp_path / "cache", ref)
@@ -75,7 +75,7 @@ def test_a_model_published_by_the_admin_is_pulled_by_a_read_only_identity_with_e
     record = record_of(tmp_path / "cache", ref)
     assert record["verified_by"] == "manifest"
     etags = {f["path"]: f["etag"] for f in record["files"]}
-    assert etags["model.safetensors"].endswith("-2"), "published in two 5 MiB parts"
+    assert etags["weights.bin"].endswith("-2"), "published in two 5 MiB parts"
 
 
 def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(

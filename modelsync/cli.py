@@ -225,19 +225,25 @@ def publish(
     sign_key: Annotated[
         Path | None,
         typer.Option(
-            "--sign-key", metavar="KEY", help="Sign with this PEM EC private key (OpenSSF model signature)."
+            "--sign-key",
+            metavar="KEY",
+            help="Sign with this PEM EC private key (OpenSSF model signature). [default: unsigned]",
         ),
     ] = None,
     sign_cert: Annotated[
         Path | None,
         typer.Option(
-            "--sign-cert", metavar="CERT", help="With --sign-key: the key's signing certificate (PEM)."
+            "--sign-cert",
+            metavar="CERT",
+            help="With --sign-key: the key's signing certificate (PEM). [default: none]",
         ),
     ] = None,
     sign_chain: Annotated[
         list[Path] | None,
         typer.Option(
-            "--sign-chain", metavar="CERT", help="With --sign-cert: a chain certificate (repeatable)."
+            "--sign-chain",
+            metavar="CERT",
+            help="With --sign-cert: a chain certificate (repeatable). [default: none]",
         ),
     ] = None,
 ) -> None:

@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+import loop_fs
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_ROOT = REPO / ".bench-cache"
@@ -43,7 +46,9 @@ GIB = 1 << 30
 MIB = 1 << 20
 BIG = ("big-4g.bin", 4 * GIB)
 SHARDS = tuple((f"shard-{i:02d}.bin", 512 * MIB) for i in range(8))
-SCENARIOS = {"4g": (BIG,), "8x512m": SHARDS}
+#: past this machine's dirty-page limits (24 GiB RAM, dirty_ratio 20): writers get throttled
+SHARDS_12 = tuple((f"shard-{i:02d}.bin", 512 * MIB) for i in range(12))
+SCENARIOS = {"4g": (BIG,), "8x512m": SHARDS, "12x512m": SHARDS_12}
 
 NGINX_CONF = """\
 daemon off;
@@ -79,7 +84,7 @@ http {{
 def make_data() -> None:
     """Write each file once; every MiB is stamped with its offset so misplaced bytes show.
 
-    The eight shards are hard links to one 512 MiB file: the client still makes
+    The shards are hard links to one 512 MiB file: the client still makes
     eight separate downloads, but the source occupies 0.5 GiB of page cache, not
     4 GiB, which matters on a shared 24 GiB machine with a tmpfs destination.
     """
@@ -97,7 +102,7 @@ def make_data() -> None:
                     block[m : m + 16] = f"{name}:{off + m:x}".encode()[:16].ljust(16, b".")
                 f.write(block[: size - off])
         tmp.rename(path)
-    for name, _ in SHARDS:
+    for name, _ in SHARDS_12:
         path = DATA / name
         if not path.exists() or not path.samefile(DATA / shard_src[0]):
             path.unlink(missing_ok=True)
@@ -297,6 +302,7 @@ def run_once(argv: list[str], env: dict[str, str] | None = None) -> Run:
     if busy_before >= 0.25:
         info["busy_before"] = round(busy_before, 2)
     cpu = usage.ru_utime + usage.ru_stime
+    info["sys_share"] = round(usage.ru_stime / max(cpu, 1e-9), 2)
     info["nginx_cpu_s"] = round(nginx1 - nginx0, 2)
     info["foreign_cpu_s"] = round(max(0.0, machine1 - machine0 - cpu - (nginx1 - nginx0)), 2)
     return Run(wall, cpu, peak.mib, info)
@@ -332,7 +338,7 @@ def s5cmd_env() -> dict[str, str]:
 
 
 def ours_argv(url: str, scenario: str, **opts: object) -> list[str]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "fetch", url, scenario]
+    argv = [sys.executable, str(Path(__file__).resolve()), "fetch", url, scenario, "--dest", str(DEST)]
     for key, value in opts.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     return argv
@@ -358,6 +364,8 @@ def measure(
         info = dict(rs[-1].info)
         info["foreign_cpu_s"] = max(float(r.info.get("foreign_cpu_s", 0)) for r in rs)  # type: ignore[arg-type]
         info["nginx_cpu_s"] = statistics.median(float(r.info.get("nginx_cpu_s", 0)) for r in rs)  # type: ignore[arg-type]
+        info["max_min"] = round(max(r.wall_s for r in rs) / min(r.wall_s for r in rs), 2)
+        info["rounds_s"] = "/".join(f"{r.wall_s:.1f}" for r in rs)
         rows.append((name, wall, size_gib / wall, cpu / size_gib, rss, info))
     return rows
 
@@ -392,9 +400,7 @@ def fetch_main(args: argparse.Namespace) -> None:
     etags = [head_etag(u) for u in urls] if args.if_match else [None] * len(files)
     t_setup = time.perf_counter() - t_start
     part = args.part_mib * MIB
-    plan = [
-        (i, off, min(off + part, size)) for i, (_, size) in enumerate(files) for off in range(0, size, part)
-    ]
+    plan = write_order(args.order, [size for _, size in files], part, args.threads)
     fds = []
     for name, size in files:
         fd = os.open(DEST / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -404,6 +410,8 @@ def fetch_main(args: argparse.Namespace) -> None:
             os.ftruncate(fd, size)
         fds.append(fd)
     tracker = Tracker([size for _, size in files], part)
+    flusher = Flusher(fds, [size for _, size in files], part, args.sync, args.bound_dirty)
+    sampler = KernelSampler() if args.sample else None
     client = RangeClient(
         ssl_context=None,
         connect_timeout_s=10,
@@ -424,6 +432,7 @@ def fetch_main(args: argparse.Namespace) -> None:
                     return
                 i, start, end = plan[idx]
                 client.fetch_into(RangeRequest(urls[i], start, end, etags[i]), fds[i], start)
+                flusher.written(i, start, end)
                 tracker.done(i, start // part)
         except BaseException as exc:
             failures.append(exc)
@@ -495,6 +504,9 @@ def fetch_main(args: argparse.Namespace) -> None:
         digests = [hash_mmap(fd, size, xxhash) for fd, (_, size) in zip(fds, files, strict=True)]
     t_total = time.perf_counter() - t0
     client.close()
+    t_flush = time.perf_counter()
+    flusher.finish()  # every file durable before the run counts as done, as before a publish
+    t_flush = time.perf_counter() - t_flush
     for fd in fds:
         os.close(fd)
     if args.check and digests:
@@ -508,10 +520,155 @@ def fetch_main(args: argparse.Namespace) -> None:
                 "setup_s": round(t_setup, 3),
                 "fetch_s": round(t_fetch, 3),
                 "hash_tail_s": round(t_total - t_fetch, 3),
+                "final_flush_s": round(t_flush, 3),
+                **(sampler.stop() if sampler else {}),
                 "digests": digests,
             }
         )
     )
+
+
+# -- the write path under test -------------------------------------------------
+
+_SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+
+
+def write_order(order: str, sizes: list[int], part: int, threads: int) -> list[tuple[int, int, int]]:
+    """The (file, start, end) parts in the order the threads take them.
+
+    file:     files one after another, parts ascending: every thread writes the same file
+              (adjacent parts), so `threads` writers share one inode;
+    quarters: files one after another, but the threads' parts are `threads` distant regions
+              of it (region 0 part 0, region 1 part 0, ...): same writers per inode, no locality;
+    spread:   parts of `threads` files interleaved, so each file has about one writer at a time
+              and is written front to back.
+    """
+    per_file = [[(i, off, min(off + part, size)) for off in range(0, size, part)]
+                for i, size in enumerate(sizes)]
+    if order == "file":
+        return [p for parts in per_file for p in parts]
+    if order == "quarters":
+        plan = []
+        for parts in per_file:
+            step = -(-len(parts) // threads)
+            regions = [parts[r * step:(r + 1) * step] for r in range(threads)]
+            plan += [reg[k] for k in range(step) for reg in regions if k < len(reg)]
+        return plan
+    if order == "spread":
+        plan = []
+        for first in range(0, len(per_file), threads):
+            group = per_file[first:first + threads]
+            plan += [g[k] for k in range(max(map(len, group))) for g in group if k < len(g)]
+        return plan
+    raise ValueError(order)
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int]:
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = libc.sync_file_range
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return fn  # type: ignore[no-any-return]
+
+
+class Flusher:
+    """When written data goes to disk: per file as it completes, or all at the end.
+
+    sync="per-file": fdatasync a file as soon as its last part is written (in one flusher
+    thread, while other files still download), then a final fdatasync of each (cheap);
+    sync="end": one fdatasync per file after the whole download.
+    bound_dirty=1: start writeback of each part as soon as it is written
+    (sync_file_range WRITE); 2: also wait for the part before it and drop it from the page
+    cache (POSIX_FADV_DONTNEED), so dirty and cached pages stay bounded per writer.
+    """
+
+    def __init__(self, fds: list[int], sizes: list[int], part: int, sync: str, bound_dirty: int) -> None:
+        self.fds = fds
+        self.sync = sync
+        self.bound_dirty = bound_dirty
+        self.left = [-(-size // part) for size in sizes]
+        self.lock = threading.Lock()
+        self.pending: list[threading.Thread] = []
+        self.sfr = _sync_file_range() if bound_dirty else None
+        self.behind = threading.local()
+
+    def written(self, i: int, start: int, end: int) -> None:
+        fd = self.fds[i]
+        if self.sfr is not None:
+            self.sfr(fd, start, end - start, _SYNC_FILE_RANGE_WRITE)
+            prev = getattr(self.behind, "part", None)
+            if self.bound_dirty == 2 and prev is not None:
+                pfd, pstart, pend = prev
+                self.sfr(pfd, pstart, pend - pstart, _SYNC_FILE_RANGE_WAIT_BEFORE
+                         | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER)
+                os.posix_fadvise(pfd, pstart, pend - pstart, os.POSIX_FADV_DONTNEED)
+            self.behind.part = (fd, start, end)
+        with self.lock:
+            self.left[i] -= 1
+            complete = self.left[i] == 0
+        if complete and self.sync == "per-file":
+            t = threading.Thread(target=os.fdatasync, args=(fd,))
+            t.start()
+            self.pending.append(t)
+
+    def finish(self) -> None:
+        for t in self.pending:
+            t.join()
+        for fd in self.fds:
+            os.fdatasync(fd)
+
+
+class KernelSampler:
+    """Where this process's threads are in the kernel, sampled every 10 ms (root only).
+
+    Counts thread-samples whose kernel stack holds one of the waits that matter for the
+    write path, plus the peak of Dirty + Writeback in /proc/meminfo.
+    """
+
+    MARKS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dirty_throttle": ("balance_dirty_pages",),
+        "inode_lock": ("rwsem_down_write", "down_write", "xfs_ilock"),
+        "fsync_wait": ("file_write_and_wait_range", "filemap_fdatawait", "__filemap_fdatawait_range",
+                       "jbd2_log_wait_commit", "xfs_log_force"),
+        "page_alloc": ("__alloc_pages_slowpath", "shrink_node", "try_to_free_pages"),
+        "socket_wait": ("sk_wait_data", "tcp_recvmsg"),
+        "copy_to_page_cache": ("generic_perform_write", "iomap_write_iter", "copy_page_from_iter"),
+    }
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.counts = dict.fromkeys(self.MARKS, 0)
+        self.peak_dirty_mib = 0.0
+        self._done = threading.Event()
+        self._me = threading.get_native_id()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        task_dir = Path(f"/proc/{os.getpid()}/task")
+        while not self._done.wait(0.01):
+            mem = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+            dirty = int(mem["Dirty"].split()[0]) + int(mem["Writeback"].split()[0])
+            self.peak_dirty_mib = max(self.peak_dirty_mib, dirty / 1024)
+            for task in task_dir.iterdir():
+                if int(task.name) in (self._me, os.getpid()):
+                    continue
+                try:
+                    stack = (task / "stack").read_text()
+                except OSError:
+                    continue
+                self.samples += 1
+                for name, marks in self.MARKS.items():
+                    if any(m in stack for m in marks):
+                        self.counts[name] += 1
+
+    def stop(self) -> dict[str, object]:
+        self._done.set()
+        self._thread.join()
+        share = {f"{k}_pct": round(100 * v / max(1, self.samples)) for k, v in self.counts.items()}
+        return {"peak_dirty_mib": round(self.peak_dirty_mib), **share}
 
 
 def run_processes(
@@ -787,6 +944,7 @@ def main_hash(
 
 
 def main() -> None:
+    global DEST, ATTEMPTS
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -805,6 +963,11 @@ def main() -> None:
     f.add_argument("--if-match", type=int, default=1)
     f.add_argument("--check", type=int, default=0)
     f.add_argument("--procs", type=int, default=1)
+    f.add_argument("--order", choices=("file", "quarters", "spread"), default="file")
+    f.add_argument("--sync", choices=("per-file", "end"), default="end")
+    f.add_argument("--bound-dirty", type=int, choices=(0, 1, 2), default=0)
+    f.add_argument("--sample", type=int, default=0)
+    f.add_argument("--dest", type=Path, default=DEST)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--attempts", type=int, default=4, help="runs per measurement while other jobs disturb it"
@@ -817,11 +980,14 @@ def main() -> None:
     parser.add_argument("--hash-study", action="store_true")
     parser.add_argument("--focus", action="store_true", help="best candidates, hash on")
     parser.add_argument("--compare", action="store_true", help="the main comparison (default)")
+    parser.add_argument("--write-study", metavar="FS[,FS]",
+                        help="A/B the write path to disk on fresh loop-mounted file systems "
+                        "(xfs, ext4; needs root) with a set past the dirty-page limits")
     args = parser.parse_args()
     if args.cmd == "fetch":
+        DEST = args.dest
         fetch_main(args)
         return
-    global ATTEMPTS
     ATTEMPTS = args.attempts
     # SIGTERM/SIGHUP unwind like Ctrl-C, so nginx is stopped and temp files removed.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -830,10 +996,49 @@ def main() -> None:
     env = s5cmd_env()
     try:
         with nginx() as url:
+            if args.write_study:
+                for kind in args.write_study.split(","):
+                    with loop_fs.loop_mount(kind, 16 * GIB, CACHE_ROOT) as mnt:
+                        DEST = mnt / "lab"
+                        main_write(url, args.rounds, env, kind)
+                return
             run_experiments(args, url, env)
     finally:
         S5CMD_COMMANDS.unlink(missing_ok=True)
         shutil.rmtree(DEST, ignore_errors=True)
+
+
+def main_write(url: str, rounds: int, env: dict[str, str], kind: str) -> None:
+    """One knob of the disk write path at a time against today's engine path, interleaved.
+
+    Every variant ends with each file durable (fdatasync), so wall time includes the flush;
+    s5cmd is followed by `sync -f` for the same reason. No hash: the hash reads the page
+    cache and costs the same whatever the write strategy (except that dropping pages
+    must wait for the hasher).
+    """
+    scen = "12x512m"
+    files = SCENARIOS[scen]
+    base = dict(threads=8, part_mib=16, buffer_kib=1024, hash="none", sample=1)
+    engine = dict(base, fallocate=1, sync="per-file", order="file")
+    variants = {
+        "s5cmd cp (conc 8, 16 MiB) + sync -f": [
+            "sh", "-c", " ".join(s5cmd_argv(url, files, 8, 16)) + f" && sync -f {DEST}"],
+        "engine today: fallocate, fdatasync per file, 8 writers/file": ours_argv(url, scen, **engine),
+        "- fallocate -> ftruncate": ours_argv(url, scen, **dict(engine, fallocate=0)),
+        "- fdatasync per file -> one flush at the end": ours_argv(url, scen, **dict(engine, sync="end")),
+        "- writers/file 8 -> 1 (8 files at once)": ours_argv(url, scen, **dict(engine, order="spread")),
+        "- parts of a file in 8 regions": ours_argv(url, scen, **dict(engine, order="quarters")),
+        "- write size 1 MiB -> 4 MiB": ours_argv(url, scen, **dict(engine, buffer_kib=4096)),
+        "- write size 1 MiB -> 256 KiB": ours_argv(url, scen, **dict(engine, buffer_kib=256)),
+        "- + sync_file_range WRITE per part": ours_argv(url, scen, **dict(engine, bound_dirty=1)),
+        "- + sync_file_range + DONTNEED behind": ours_argv(url, scen, **dict(engine, bound_dirty=2)),
+        "ftruncate, end flush, 1 writer/file": ours_argv(
+            url, scen, **dict(engine, fallocate=0, sync="end", order="spread")),
+        "ftruncate, end flush, 1 writer/file, sync_file_range": ours_argv(
+            url, scen, **dict(engine, fallocate=0, sync="end", order="spread", bound_dirty=1)),
+    }
+    print_table(f"write path, {kind} loop mount, {scen} (6 GiB), 8 threads x 16 MiB, "
+                f"medians of {rounds}", measure(variants, rounds, gib(files), env))
 
 
 def run_experiments(args: argparse.Namespace, url: str, env: dict[str, str]) -> None:

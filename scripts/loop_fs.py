@@ -1,0 +1,54 @@
+"""Loop-mounted ext4 and XFS file systems for benchmark destinations like the nodes' cache.
+
+The nodes write to XFS on NVMe; a benchmark that only writes to the directory it
+happens to run in measures whatever file system that is. As root, `loop_mount`
+makes a sparse image, formats it and mounts it; it unmounts and deletes it on exit
+(also when the body raises). Without root it says why, so a harness can skip that
+destination with a line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+MKFS = {"xfs": ["mkfs.xfs", "-q", "-f"], "ext4": ["mkfs.ext4", "-q", "-F"]}
+
+
+def why_not(kind: str) -> str | None:
+    """Why a loop-mounted `kind` file system cannot be made here, or None when it can."""
+    if os.geteuid() != 0:
+        return f"a loop-mounted {kind} needs root (mount -o loop); run as root to measure it"
+    if shutil.which(MKFS[kind][0]) is None:
+        package = "xfsprogs" if kind == "xfs" else "e2fsprogs"
+        return f"{MKFS[kind][0]} is missing (apt-get install -y {package})"
+    return None
+
+
+@contextlib.contextmanager
+def loop_mount(kind: str, size_bytes: int, under: Path) -> Iterator[Path]:
+    """A freshly formatted `kind` file system of `size_bytes` (sparse image in `under`), mounted."""
+    if reason := why_not(kind):
+        raise RuntimeError(reason)
+    under.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"loop-{kind}-", dir=under))
+    image, point = work / "image", work / "mnt"
+    point.mkdir()
+    mounted = False
+    try:
+        with open(image, "wb") as f:
+            f.truncate(size_bytes)
+        subprocess.run([*MKFS[kind], str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True,
+                       capture_output=True)
+        mounted = True
+        yield point
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(point)], check=False, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)

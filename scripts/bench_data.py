@@ -74,17 +74,23 @@ class DataSet:
 
 
 def datasets(small: bool) -> dict[str, DataSet]:
-    """The three throughput sets and the 100-file model for the warm pull."""
+    """The throughput sets, a 64 MiB model for the cold start and a 100-file one for the warm pull."""
     side = tuple(
         (name, round(KiB * (5 * 1024) ** (i / (len(_MODEL_SIDE_FILES) - 1))))
         for i, name in enumerate(_MODEL_SIDE_FILES)
     )
     shard = 8 * MiB if small else 512 * MiB
     shards = tuple((f"model-{i:05d}-of-00008.safetensors", shard) for i in range(1, 9))
+    # 12 x 512 MiB: past this machine's dirty-page limits (24 GiB RAM, dirty_ratio 20 % of
+    # what is available), as every real model is; below them "to disk" measures the page cache.
+    shards_12 = tuple((f"model-{i:05d}-of-00012.safetensors", shard) for i in range(1, 13))
     n_small = 200 if small else 2000
     return {
         "object-4g": DataSet("object-4g", (("object.bin", 64 * MiB if small else 4 * GiB),)),
         "model-set": DataSet("model-set", shards + side),
+        "model-set-6g": DataSet("model-set-6g", shards_12 + side),
+        "cold-64m": DataSet("cold-64m", (("config.json", 4 * KiB),
+                                         ("model.safetensors", 8 * MiB if small else 64 * MiB))),
         "small-files": DataSet(
             "small-files", tuple((f"file-{i:05d}.bin", 64 * KiB) for i in range(n_small))
         ),

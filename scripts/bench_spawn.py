@@ -16,6 +16,7 @@ import time
 
 def main() -> int:
     result, argv = sys.argv[1], sys.argv[2:]
+    spawned_at = time.time()  # wall clock, to compare with a server's request log
     start = time.perf_counter()
     pid = os.posix_spawnp(argv[0], argv, os.environ)
     _, status, usage = os.wait4(pid, 0)
@@ -23,6 +24,7 @@ def main() -> int:
     with open(result, "w") as f:
         json.dump({
             "wall_s": wall,
+            "spawned_at": spawned_at,
             "returncode": os.waitstatus_to_exitcode(status),
             "user_s": usage.ru_utime,
             "sys_s": usage.ru_stime,

@@ -35,19 +35,28 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_data
+import loop_fs
 from bench_data import PREFIX, DataSet, GiB, MiB, Prepared
 from nginx_endpoint import NginxEndpoint, find_nginx, free_port
 
 from modelsync.core.manifest import MANIFEST_NAME, render_manifest
 
 REPO = Path(__file__).resolve().parent.parent
-SCENARIOS = ("object-4g", "model-set", "small-files", "warm-pull")
+SCENARIOS = ("object-4g", "model-set", "model-set-6g", "small-files", "cold-64m", "warm-pull")
 CONTENDERS = ("modelsync", "s5cmd", "rclone", "boto3", "curl")
-DESTS = ("tmpfs", "disk")
+#: disk: a directory in --cache-dir (whatever file system that is); xfs and ext4: fresh
+#: loop-mounted file systems the harness makes itself (root only), like the nodes' cache
+DESTS = ("tmpfs", "disk", "xfs", "ext4")
+LOOP_FS = ("xfs", "ext4")
+ENDPOINTS = ("nginx", "seaweedfs", "moto")
+#: scenarios measured on tmpfs only: the start-up of a whole process, not the disk
+TMPFS_ONLY = ("cold-64m",)
 WARM_RUNS = 10
+STARTUP_RUNS = 5
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench-secret",
@@ -212,6 +221,8 @@ class Measured:
     returncode: int
     stdout: str
     stderr_tail: str
+    #: epoch seconds at the spawn, to compare with a server's request log
+    spawned_at: float = 0.0
 
 
 def _kill_tree(pid: int) -> None:
@@ -261,7 +272,7 @@ def measure(argv: list[str], env: dict[str, str], *, timeout: float, flush: Path
         wall_s=usage["wall_s"] + flush_s, flush_s=flush_s, user_s=usage["user_s"],
         sys_s=usage["sys_s"], maxrss_mib=usage["maxrss_kib"] / 1024,
         returncode=usage["returncode"], stdout=out_path.read_text(errors="replace"),
-        stderr_tail=err_text,
+        stderr_tail=err_text, spawned_at=usage["spawned_at"],
     )
 
 
@@ -295,71 +306,109 @@ def clear(path: Path) -> None:
 # --------------------------------------------------------------------------- endpoints
 
 
-class MotoEndpoint:
-    """A moto server holding the data sets, for API-level smoke runs only.
+class UploadedEndpoint:
+    """A real S3 API server holding copies of the data sets: SeaweedFS, or moto for smoke runs.
 
-    moto reads a whole object on every ranged GET, so it is no throughput reference.
-    Its ETags are MD5s, so each bucket gets a manifest whose etags are moto's.
+    nginx serves files with no signature check; SeaweedFS (tests/support/seaweedfs.py, the
+    project's integration-test server) checks SigV4 on every request and serves ranges
+    from its own storage, so it shows what a real store costs. moto reads a whole object
+    on every ranged GET and is no throughput reference (--small only). Each bucket gets a
+    manifest whose ETags are the server's (multipart ETags for big objects).
     """
 
-    def __init__(self, prepared: list[Prepared], data_root: Path) -> None:
+    def __init__(self, kind: str, prepared: list[Prepared], data_root: Path, state: Path) -> None:
+        self.kind = kind
         self.prepared = prepared
         self.data_root = data_root
-        self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.state = state
+        self.url = ""
+        self._stop: Callable[[], None] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __enter__(self) -> UploadedEndpoint:
+        try:
+            self._start()
+            self._upload()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
 
-    def __enter__(self) -> MotoEndpoint:
-        import boto3  # only the moto option pays for the import
+    def _start(self) -> None:
+        if self.kind == "seaweedfs":
+            sys.path.insert(0, str(REPO / "tests"))
+            from support.seaweedfs import Identity, SeaweedFS, weed_binary
 
-        server = Path(sys.prefix) / "bin" / "moto_server"
-        if not server.exists():
-            raise BenchError(f"{server} not found (pip install 'moto[server]')")
-        self.port = free_port()
-        self._proc = subprocess.Popen(
-            [str(server), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+            try:
+                weed_binary()
+            except RuntimeError as exc:
+                raise BenchError(str(exc)) from None
+            bench = Identity("bench", CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                             CREDENTIALS["AWS_SECRET_ACCESS_KEY"], Identity.admin().actions)
+            server = SeaweedFS(self.state, [bench]).start()
+            self._stop, self.url = server.stop, server.endpoint_url
+            return
+        binary = Path(sys.prefix) / "bin" / "moto_server"
+        if not binary.exists():
+            raise BenchError(f"{binary} not found (pip install 'moto[server]')")
+        port = free_port()
+        proc = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        self._stop, self.url = lambda: _stop_process(proc), f"http://127.0.0.1:{port}"
+
+    def _client(self) -> object:
+        import boto3  # only the uploading endpoints pay for the import
+
         env = base_env()
-        client = boto3.client("s3", endpoint_url=self.url, region_name=env["AWS_REGION"],
-                              aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-        deadline = time.monotonic() + 20
-        while True:
+        return boto3.client("s3", endpoint_url=self.url, region_name=env["AWS_REGION"],
+                            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+
+    def _upload(self) -> None:
+        client: Any = self._client()
+        deadline = time.monotonic() + 60
+        while True:  # moto answers a moment after start; SeaweedFS's start() already waited
             try:
                 client.list_buckets()
                 break
             except Exception as exc:
-                if time.monotonic() > deadline or self._proc.poll() is not None:
-                    self.__exit__(None, None, None)
-                    raise BenchError(f"moto server did not start: {exc}") from None
+                if time.monotonic() > deadline:
+                    raise BenchError(f"{self.kind} did not start: {exc}") from None
                 time.sleep(0.2)
         for prep in self.prepared:
             ds = prep.dataset
+            print(f"uploading {ds.name} to {self.kind} ...", flush=True)
             client.create_bucket(Bucket=ds.bucket)
-            etags = {}
             for path, _ in ds.files:
-                with open(ds.model_dir(self.data_root) / path, "rb") as f:
-                    put = client.put_object(Bucket=ds.bucket, Key=f"{PREFIX}/{path}", Body=f)
-                etags[path] = put["ETag"].strip('"')
+                client.upload_file(str(ds.model_dir(self.data_root) / path), ds.bucket,
+                                   f"{PREFIX}/{path}")
+            listed = client.list_objects_v2(Bucket=ds.bucket, Prefix=f"{PREFIX}/")
+            etags = {o["Key"][len(PREFIX) + 1:]: o["ETag"].strip('"')
+                     for o in listed.get("Contents", [])}
+            while listed.get("IsTruncated"):
+                listed = client.list_objects_v2(Bucket=ds.bucket, Prefix=f"{PREFIX}/",
+                                                ContinuationToken=listed["NextContinuationToken"])
+                etags |= {o["Key"][len(PREFIX) + 1:]: o["ETag"].strip('"')
+                          for o in listed.get("Contents", [])}
             manifest = render_manifest(
                 type(e)(e.path, e.size, e.xxh3_128, etags[e.path]) for e in prep.entries
             )
             client.put_object(Bucket=ds.bucket, Key=f"{PREFIX}/{MANIFEST_NAME}", Body=manifest)
-        return self
 
     def __exit__(self, *exc: object) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _kill_tree(proc.pid)
-                proc.wait()
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+
+def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            proc.wait()
 
 
 # --------------------------------------------------------------------------- checks
@@ -417,6 +466,7 @@ def need_space(path: Path, want: int, what: str) -> None:
 
 @dataclass
 class Run:
+    endpoint: str
     scenario: str
     dest: str
     contender: str
@@ -431,6 +481,7 @@ class Run:
 
 @dataclass
 class Summary:
+    endpoint: str
     scenario: str
     dest: str
     contender: str
@@ -444,19 +495,24 @@ class Summary:
     cpu_s_per_gib: float | None = None
     peak_rss_mib: float | None = None
     time_vs_modelsync: float | None = None
+    #: slowest round ÷ fastest: how stable the contender is here
+    max_min: float | None = None
+    rounds_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
-def summarise(runs: list[Run], ds: DataSet, dest: str, names: list[str]) -> list[Summary]:
+def summarise(runs: list[Run], ds: DataSet, endpoint: str, dest: str, names: list[str]) -> list[Summary]:
     rows = []
     for name in names:
         mine = [r for r in runs if r.contender == name]
         if not mine:
             continue
         ok = [r for r in mine if r.error is None]
-        s = Summary(ds.name, dest, name, ds.count, ds.total_bytes, len(ok), len(mine),
+        s = Summary(endpoint, ds.name, dest, name, ds.count, ds.total_bytes, len(ok), len(mine),
                     errors=[r.error for r in mine if r.error])
         if ok:
+            s.rounds_s = [round(r.wall_s, 2) for r in ok]
+            s.max_min = max(s.rounds_s) / min(s.rounds_s)
             s.median_wall_s = statistics.median(r.wall_s for r in ok)
             s.gib_per_s = ds.total_bytes / GiB / s.median_wall_s
             s.files_per_s = ds.count / s.median_wall_s
@@ -474,20 +530,27 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table_lines(rows: list[Summary], ds: DataSet, dest: str, rounds: int, md: bool) -> list[str]:
-    rate = "files/s" if ds.name == "small-files" else "GiB/s"
-    dest_text = "tmpfs" if dest == "tmpfs" else "disk, including the final sync"
-    title = (f"{ds.name} → {dest_text}: {ds.count} files, {ds.total_bytes / GiB:.2f} GiB, "
-             f"median of {rounds}")
-    head = ["contender", "wall s", rate, "CPU s/GiB", "peak RSS MiB", "time ÷ modelsync's"]
+DEST_TEXT = {"tmpfs": "tmpfs", "disk": "disk (--cache-dir), including the final sync",
+             "xfs": "XFS (loop device, direct I/O), including the final sync",
+             "ext4": "ext4 (loop device, direct I/O), including the final sync"}
+
+
+def table_lines(rows: list[Summary], ds: DataSet, endpoint: str, dest: str, rounds: int,
+                md: bool) -> list[str]:
+    rate = "files/s" if ds.count >= 100 else "GiB/s"
+    title = (f"{ds.name} → {DEST_TEXT[dest]}, {endpoint} endpoint: {ds.count} files, "
+             f"{ds.total_bytes / GiB:.2f} GiB, median of {rounds}")
+    head = ["contender", "wall s", rate, "CPU s/GiB", "peak RSS MiB", "time ÷ modelsync's",
+            "max/min", "rounds s"]
     body = []
     for s in rows:
-        speed = s.files_per_s if ds.name == "small-files" else s.gib_per_s
+        speed = s.files_per_s if rate == "files/s" else s.gib_per_s
         body.append([
             s.contender + ("" if s.ok_runs == s.runs else f" ({s.runs - s.ok_runs} failed)"),
             _fmt(s.median_wall_s, ".2f"), _fmt(speed, ".0f" if rate == "files/s" else ".2f"),
             _fmt(s.cpu_s_per_gib, ".2f"), _fmt(s.peak_rss_mib, ".0f"),
-            _fmt(s.time_vs_modelsync, ".2f"),
+            _fmt(s.time_vs_modelsync, ".2f"), _fmt(s.max_min, ".2f"),
+            " / ".join(f"{x:.2f}" for x in s.rounds_s) or "-",
         ])
     errors = [f"{s.contender}: {e}" for s in rows for e in sorted(set(s.errors))]
     return render_table(title, head, body, errors, md)
@@ -559,26 +622,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="scripts/bench",
         description="Benchmark `modelsync pull` against s5cmd, rclone, boto3 download_file and "
-        "curl (the loopback ceiling) on a local nginx S3 endpoint. Scenarios: object-4g (one "
-        "4 GiB object), model-set (8 x 512 MiB shards + 20 small files), small-files (2,000 x "
-        "64 KiB), each into tmpfs and into a disk directory with a final sync; warm-pull (a "
+        "curl (the loopback ceiling) on local S3 endpoints: nginx (static files, no signature "
+        "checks) and SeaweedFS (a real S3 server). Scenarios: object-4g (one 4 GiB object), "
+        "model-set (8 x 512 MiB shards + 20 small files), model-set-6g (12 x 512 MiB + 20 "
+        "small: past the machine's dirty-page limits), small-files (2,000 x 64 KiB), each into "
+        "tmpfs and into disk destinations with a final sync (a directory in --cache-dir, and "
+        "fresh loop-mounted XFS and ext4 file systems made by the harness when run as root); "
+        "cold-64m (a 64 MiB model into tmpfs: whole processes, plus modelsync's time from spawn "
+        "to its first request and first ranged GET from nginx's access log); warm-pull (a "
         "second pull of a ready 100-file model: median of 10 whole processes, and proof via "
         "nginx's access log that it made no request). curl writes to /dev/null and runs on "
-        "tmpfs scenarios only.",
+        "tmpfs scenarios only. Tables show medians, max/min across rounds and every round.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("--only", default=",".join(SCENARIOS), metavar="SCENARIO[,...]",
                     help=f"scenarios to run, from {', '.join(SCENARIOS)}")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), metavar="NAME[,...]",
                     help=f"contenders to run, from {', '.join(CONTENDERS)}")
-    ap.add_argument("--dest", default=",".join(DESTS), metavar="KIND[,...]",
-                    help="destinations: tmpfs, disk")
+    ap.add_argument("--dest", default="tmpfs,xfs,ext4", metavar="KIND[,...]",
+                    help=f"destinations, from {', '.join(DESTS)} (xfs and ext4 are loop-mounted "
+                    "by the harness and need root; without root they are skipped with a note)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds (A B C, A B C, ...); tables show medians")
     ap.add_argument("--small", action="store_true",
                     help="quick smoke run: 64 MiB object, 8 x 8 MiB shards, 200 small files")
-    ap.add_argument("--endpoint", choices=("nginx", "moto"), default="nginx",
-                    help="moto re-reads whole objects per ranged GET: only with --small")
+    ap.add_argument("--endpoint", default="nginx,seaweedfs", metavar="KIND[,...]",
+                    help=f"endpoints, from {', '.join(ENDPOINTS)}; moto re-reads whole objects "
+                    "per ranged GET: only with --small")
     ap.add_argument("--concurrency", type=int, help="passed to modelsync pull as --concurrency")
     ap.add_argument("--part-size", help="passed to modelsync pull as --part-size (e.g. 16M)")
     ap.add_argument("--cache-dir", type=Path, default=REPO / ".bench-cache",
@@ -593,7 +663,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--markdown", type=Path, metavar="FILE",
                     help="also write the tables as a markdown section to FILE")
     args = ap.parse_args(argv)
-    for opt, allowed in (("only", SCENARIOS), ("contenders", CONTENDERS), ("dest", DESTS)):
+    for opt, allowed in (("only", SCENARIOS), ("contenders", CONTENDERS), ("dest", DESTS),
+                         ("endpoint", ENDPOINTS)):
         chosen = [x.strip() for x in getattr(args, opt).split(",") if x.strip()]
         bad = [x for x in chosen if x not in allowed]
         if bad or not chosen:
@@ -602,7 +673,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         setattr(args, opt, [x for x in allowed if x in chosen])
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if args.endpoint == "moto" and not args.small:
+    if "moto" in args.endpoint and not args.small:
         ap.error("--endpoint moto reads whole objects per ranged GET; use it with --small only")
     return args
 
@@ -653,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     contenders = make_contenders(args)
     need = {c.name for c in contenders if c.name in ("rclone", "curl")}
-    if args.endpoint == "nginx" or "warm-pull" in args.only:
+    if "nginx" in args.endpoint or "warm-pull" in args.only or "cold-64m" in args.only:
         need.add("nginx")
     ensure_tools(need)
     contenders = make_contenders(args)  # again: installing may have filled a gap
@@ -667,8 +738,9 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         stack.callback(shutil.rmtree, data_root, True)
     largest = max((ds.total_bytes for ds in wanted), default=0)
     to_write = sum(bench_data.missing_bytes(ds, data_root) for ds in wanted)
-    need_space(args.cache_dir, to_write + (largest if "disk" in args.dest else 0) + GiB,
-               "data and disk destination")
+    on_disk = sum(1 for d in args.dest if d != "tmpfs")
+    need_space(args.cache_dir, to_write + (largest * on_disk if on_disk else 0) + GiB,
+               "data and disk destinations")
     if fs_type(args.tmpfs_dir) != "tmpfs":
         raise BenchError(f"{args.tmpfs_dir} is not a tmpfs ({fs_type(args.tmpfs_dir)}); "
                          "mount one and pass --tmpfs-dir")
@@ -677,8 +749,17 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="modelsync-bench-", dir=args.tmpfs_dir))
     stack.callback(clear, scratch)
-    disk_base = args.cache_dir / f"dest-{os.getpid()}"
-    stack.callback(clear, disk_base)
+    bases: dict[str, Path] = {"tmpfs": scratch, "disk": args.cache_dir / f"dest-{os.getpid()}"}
+    stack.callback(clear, bases["disk"])
+    for kind in (d for d in args.dest if d in LOOP_FS):
+        reason = loop_fs.why_not(kind)
+        if reason:
+            print(f"destination {kind} skipped: {reason}")
+            continue
+        mount = stack.enter_context(loop_fs.loop_mount(kind, 2 * largest + 4 * GiB, args.cache_dir))
+        bases[kind] = mount / "dest"
+        print(f"destination {kind}: a fresh loop-mounted {kind} at {mount}")
+    dests = [d for d in args.dest if d in bases]
     work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-work-")))
 
     prepared = {ds.name: bench_data.prepare(ds, data_root) for ds in wanted}
@@ -687,60 +768,121 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     for name, text in info.items():
         print(f"  {name:9s} {text}")
     runnable = [c for c in contenders if not c.missing]
-    endpoint: NginxEndpoint | MotoEndpoint
-    if args.endpoint == "nginx":
-        endpoint = NginxEndpoint(data_root)
-    else:
-        endpoint = MotoEndpoint([prepared[ds.name] for ds in throughput], data_root)
-    stack.enter_context(endpoint)
-    print(f"endpoint: {args.endpoint} at {endpoint.url}, data in {data_root}\n")
 
     all_runs: list[Run] = []
     summaries: list[Summary] = []
-    report: list[str] = []
     markdown: list[str] = []
-    for ds in throughput:
-        prep = prepared[ds.name]
-        bench_data.warm_page_cache(ds, data_root)
-        for dest_kind in args.dest:
-            base = scratch if dest_kind == "tmpfs" else disk_base
-            base.mkdir(parents=True, exist_ok=True)
-            here = [c for c in runnable if dest_kind == "tmpfs" or c.disk_too]
-            runs = list(run_rounds(here, prep, dest_kind, base, endpoint.url, args, work))
-            all_runs += runs
-            rows = summarise(runs, ds, dest_kind, [c.name for c in here])
-            summaries += rows
-            table = table_lines(rows, ds, dest_kind, args.rounds, md=False)
-            print("\n" + "\n".join(table), flush=True)
-            report += table
-            markdown += table_lines(rows, ds, dest_kind, args.rounds, md=True)
+    notes: list[str] = []
+    for endpoint_kind in args.endpoint:
+        endpoint: NginxEndpoint | UploadedEndpoint
+        if endpoint_kind == "nginx":
+            endpoint = NginxEndpoint(data_root)
+        else:
+            state = args.cache_dir / f"{endpoint_kind}-{os.getpid()}"
+            stack.callback(shutil.rmtree, state, True)
+            endpoint = UploadedEndpoint(endpoint_kind, [prepared[ds.name] for ds in throughput],
+                                        data_root, state)
+        with endpoint:
+            print(f"endpoint: {endpoint_kind} at {endpoint.url}, data in {data_root}\n", flush=True)
+            for ds in throughput:
+                prep = prepared[ds.name]
+                bench_data.warm_page_cache(ds, data_root)
+                for dest_kind in dests:
+                    if ds.name in TMPFS_ONLY and dest_kind != "tmpfs":
+                        continue
+                    base = bases[dest_kind]
+                    base.mkdir(parents=True, exist_ok=True)
+                    here = [c for c in runnable if dest_kind == "tmpfs" or c.disk_too]
+                    runs = list(run_rounds(here, prep, endpoint_kind, dest_kind, base, endpoint.url,
+                                           args, work))
+                    all_runs += runs
+                    rows = summarise(runs, ds, endpoint_kind, dest_kind, [c.name for c in here])
+                    summaries += rows
+                    print("\n" + "\n".join(
+                        table_lines(rows, ds, endpoint_kind, dest_kind, args.rounds, md=False)),
+                        flush=True)
+                    markdown += table_lines(rows, ds, endpoint_kind, dest_kind, args.rounds, md=True)
 
+    ms = next((c for c in runnable if c.name == "modelsync"), None)
+    startup: Startup | None = None
+    if "cold-64m" in args.only and ms is not None:
+        startup = startup_probe(prepared["cold-64m"], data_root, scratch, args)
+        notes.append(startup.line())
     warm: WarmPull | None = None
     if "warm-pull" in args.only:
-        ms = next((c for c in contenders if c.name == "modelsync"), None)
-        if ms is None or ms.missing:
-            warm = WarmPull(skipped=ms.missing if ms else "modelsync not in --contenders")
+        if ms is None:
+            warm = WarmPull(skipped="modelsync is not among the runnable contenders")
         else:
             print("warm pull: 1 cold pull, then 10 timed warm pulls ...", flush=True)
             warm = warm_pull(prepared["warm-100"], data_root, scratch, args)
-        line = (f"warm pull of a ready {prepared['warm-100'].dataset.count}-file model "
-                f"(whole process, median of {WARM_RUNS}): "
-                + "; ".join(x for x in (
-                    warm.skipped and f"skipped: {warm.skipped}",
-                    warm.median_ms is not None and f"{warm.median_ms:.0f} ms (min "
-                    f"{warm.min_ms:.0f}, max {warm.max_ms:.0f}), S3 requests: {warm.requests}",
-                    warm.error and f"ERROR: {warm.error}") if x))
+        notes.append(
+            f"warm pull of a ready {prepared['warm-100'].dataset.count}-file model "
+            f"(whole process, median of {WARM_RUNS}): "
+            + "; ".join(x for x in (
+                warm.skipped and f"skipped: {warm.skipped}",
+                warm.median_ms is not None and f"{warm.median_ms:.0f} ms (min "
+                f"{warm.min_ms:.0f}, max {warm.max_ms:.0f}), S3 requests: {warm.requests}",
+                warm.error and f"ERROR: {warm.error}") if x))
+    for line in notes:
         print(line)
-        report.append(line)
-        markdown += [f"- {line}", ""]
+        markdown += [f"- {line}"]
+    markdown += [""] if notes else []
 
-    write_outputs(args, contenders, all_runs, summaries, warm, markdown)
-    failed = any(r.error for r in all_runs) or (warm is not None and warm.error is not None)
+    write_outputs(args, contenders, all_runs, summaries, warm, startup, markdown)
+    failed = (any(r.error for r in all_runs) or (warm is not None and warm.error is not None)
+              or (startup is not None and startup.error is not None))
     return 1 if failed else 0
 
 
-def run_rounds(contenders: list[Contender], prep: Prepared, dest_kind: str, base: Path,
-               url: str, args: argparse.Namespace, work: Path) -> Iterator[Run]:
+@dataclass
+class Startup:
+    """How long a cold `modelsync pull` process takes to its first request and first ranged GET."""
+
+    first_request_s: list[float] = field(default_factory=list)
+    first_range_s: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    def line(self) -> str:
+        if self.error:
+            return f"cold pull start-up: ERROR: {self.error}"
+        return (f"cold pull start-up (cold-64m, {len(self.first_range_s)} whole processes, "
+                "nginx access log vs spawn): first request after "
+                f"{statistics.median(self.first_request_s):.3f} s, first ranged GET after "
+                f"{statistics.median(self.first_range_s):.3f} s (median; min "
+                f"{min(self.first_range_s):.3f}, max {max(self.first_range_s):.3f})")
+
+
+def startup_probe(prep: Prepared, data_root: Path, scratch: Path, args: argparse.Namespace) -> Startup:
+    """Time from spawning a cold `modelsync pull` to its first request and first ranged GET.
+
+    A dedicated nginx logs every request with its time ($msec); the launcher records the
+    spawn time on the same clock. The cache is emptied before each run.
+    """
+    ds = prep.dataset
+    cache = scratch / "startup-cache"
+    out = Startup()
+    with NginxEndpoint(data_root, access_log=True) as ep:
+        for _ in range(STARTUP_RUNS):
+            clear(cache)
+            seen = len(ep.requests())
+            inv = invocation(Contender("modelsync", "", None), ds, cache, ep.url, args, scratch)
+            m = measure(inv.argv, inv.env, timeout=run_timeout(ds), flush=None, work=scratch)
+            if error := verify(inv, m, prep, full=False):
+                out.error = error
+                break
+            mine = ep.requests()[seen:]
+            ranged = [t for t, _, is_range in mine if is_range]
+            if not ranged:
+                out.error = "no ranged GET in nginx's access log"
+                break
+            out.first_request_s.append(mine[0][0] - m.spawned_at)
+            out.first_range_s.append(ranged[0] - m.spawned_at)
+    clear(cache)
+    return out
+
+
+def run_rounds(contenders: list[Contender], prep: Prepared, endpoint: str, dest_kind: str,
+               base: Path, url: str, args: argparse.Namespace, work: Path) -> Iterator[Run]:
     """Interleave contenders round by round so drift on a noisy machine hits all alike."""
     ds = prep.dataset
     for rnd in range(args.rounds):
@@ -749,18 +891,18 @@ def run_rounds(contenders: list[Contender], prep: Prepared, dest_kind: str, base
             clear(dest)
             dest.mkdir(parents=True)
             inv = invocation(c, ds, dest, url, args, work)
-            flush = dest if dest_kind == "disk" else None
+            flush = dest if dest_kind != "tmpfs" else None
             if flush is not None:
                 subprocess.run(["sync", "-f", str(flush)], check=True)  # start clean
             m = measure(inv.argv, inv.env, timeout=run_timeout(ds), flush=flush, work=work)
             error = verify(inv, m, prep, full=rnd == 0)
             clear(dest)
-            run = Run(ds.name, dest_kind, c.name, rnd + 1, m.wall_s, m.flush_s,
+            run = Run(endpoint, ds.name, dest_kind, c.name, rnd + 1, m.wall_s, m.flush_s,
                       m.user_s + m.sys_s, m.maxrss_mib, rnd == 0 and inv.files_root is not None,
                       error)
             speed = ("" if error else f"{ds.count / m.wall_s:.0f} files/s"
-                     if ds.name == "small-files" else f"{ds.total_bytes / GiB / m.wall_s:.2f} GiB/s")
-            print(f"  {ds.name} {dest_kind} round {rnd + 1}/{args.rounds} {c.name:9s} "
+                     if ds.count >= 100 else f"{ds.total_bytes / GiB / m.wall_s:.2f} GiB/s")
+            print(f"  {ds.name} {endpoint} {dest_kind} round {rnd + 1}/{args.rounds} {c.name:9s} "
                   f"{m.wall_s:7.2f} s {speed:>13}  cpu {run.cpu_s:6.2f} s  rss "
                   f"{m.maxrss_mib:5.0f} MiB  {error or ('ok, hashed' if run.hashed else 'ok')}",
                   flush=True)
@@ -774,13 +916,14 @@ def machine_info() -> dict[str, object]:
 
 
 def write_outputs(args: argparse.Namespace, contenders: list[Contender], runs: list[Run],
-                  summaries: list[Summary], warm: WarmPull | None, markdown: list[str]) -> None:
+                  summaries: list[Summary], warm: WarmPull | None, startup: Startup | None,
+                  markdown: list[str]) -> None:
     now = dt.datetime.now(dt.UTC)
     command = "scripts/bench " + " ".join(sys.argv[1:])
     machine = machine_info()
     doc = {
         "started_utc": now.isoformat(timespec="seconds"), "command": command,
-        "small": args.small, "endpoint": args.endpoint, "rounds": args.rounds,
+        "small": args.small, "endpoints": args.endpoint, "rounds": args.rounds,
         "machine": machine, "versions": versions(contenders),
         "settings": {c.name: c.settings for c in contenders},
         "skipped": {c.name: c.missing for c in contenders if c.missing},
@@ -789,6 +932,7 @@ def write_outputs(args: argparse.Namespace, contenders: list[Contender], runs: l
                     "process of the tree (ru_maxrss; floor ~10 MiB, the launcher's)",
         "summary": [asdict(s) for s in summaries], "runs": [asdict(r) for r in runs],
         "warm_pull": asdict(warm) if warm else None,
+        "startup": asdict(startup) if startup else None,
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"{now.strftime('%Y%m%dT%H%M%SZ')}.json"
@@ -797,7 +941,7 @@ def write_outputs(args: argparse.Namespace, contenders: list[Contender], runs: l
     if args.markdown:
         head = [
             f"## Results {now.strftime('%Y-%m-%d')} ({machine['cpus']} CPUs, "
-            f"{args.endpoint} endpoint{', --small' if args.small else ''})", "",
+            f"{', '.join(args.endpoint)} endpoint{', --small' if args.small else ''})", "",
             f"Reproduce: `{command}`", "",
             "Wall time runs from spawn to exit, plus `sync -f` for the disk destination; CPU is "
             "user+sys of the contender's process tree; peak RSS is its largest process. "

@@ -111,6 +111,16 @@ class NginxEndpoint:
         with self.access_log_path.open("rb") as log:
             return sum(1 for _ in log)
 
+    def requests(self) -> list[tuple[float, str, bool]]:
+        """(epoch seconds, request line, ranged?) of each logged request (needs access_log=True)."""
+        if not self.access_log or not self.access_log_path.exists():
+            return []
+        out = []
+        for line in self.access_log_path.read_text(errors="replace").splitlines():
+            msec, request, range_header = line.split("\t")[:3]
+            out.append((float(msec), request, range_header not in ("", "-")))
+        return out
+
     def __enter__(self) -> NginxEndpoint:
         self.start()
         return self
@@ -187,7 +197,7 @@ class NginxEndpoint:
             f"    {m}_temp_path {self._tmp}/{m}_temp;\n" for m in _TEMP_MODULES
             if m not in compiled_out
         )
-        log = f"{self._tmp}/access.log" if self.access_log else "off"
+        log = f"{self._tmp}/access.log timed" if self.access_log else "off"
         user = "user root;\n" if os.geteuid() == 0 else ""  # workers must read the data as we do
         return f"""\
 {user}worker_processes {self.workers};
@@ -202,6 +212,7 @@ http {{
     keepalive_requests 1000000;
     keepalive_timeout 300s;
     server_tokens off;
+    log_format timed "$msec\t$request\t$http_range";
     access_log {log};
     client_body_temp_path {self._tmp}/client_body_temp;
 {temp_paths}    server {{

@@ -182,12 +182,15 @@ def cpu_busy_fraction(sample_s: float = 0.5) -> float:
     return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
-def wait_quiet(max_wait_s: float = 20) -> float:
+QUIET_WAIT_S = 20.0
+
+
+def wait_quiet(max_wait_s: float | None = None) -> float:
     """Wait (bounded) until the machine is mostly idle; return the last busy share seen.
 
     Other jobs on a shared 2-core machine would otherwise decide the result.
     """
-    deadline = time.monotonic() + max_wait_s
+    deadline = time.monotonic() + (QUIET_WAIT_S if max_wait_s is None else max_wait_s)
     while True:
         busy = cpu_busy_fraction()
         if busy < 0.25 or time.monotonic() > deadline:
@@ -353,9 +356,11 @@ def measure(
 ) -> list[tuple[str, float, float, float, float, dict[str, object]]]:
     """Interleave the variants for `rounds` rounds; medians per variant."""
     runs: dict[str, list[Run]] = {name: [] for name in variants}
-    for _ in range(rounds):
+    for rnd in range(rounds):
         for name, argv in variants.items():
-            runs[name].append(run_child(argv, env))
+            run = run_child(argv, env)
+            runs[name].append(run)
+            print(f"  round {rnd + 1}: {name}: {run.wall_s:.2f} s, cpu {run.cpu_s:.2f} s", flush=True)
     rows = []
     for name, rs in runs.items():
         wall = statistics.median(r.wall_s for r in rs)
@@ -471,7 +476,8 @@ def fetch_main(args: argparse.Namespace) -> None:
     if args.hash == "inline-mmap":
         hasher = threading.Thread(
             target=lambda: digests.extend(
-                hash_inline_mmap(fd, size, tracker, i, args.hash_buf_mib * MIB, xxhash)
+                hash_inline_mmap(fd, size, tracker, i, args.hash_buf_mib * MIB, xxhash,
+                                 flusher.hashed if args.bound_dirty == 3 else None)
                 for i, (fd, (_, size)) in enumerate(zip(fds, files, strict=True))
             )
         )
@@ -581,7 +587,9 @@ class Flusher:
     sync="end": one fdatasync per file after the whole download.
     bound_dirty=1: start writeback of each part as soon as it is written
     (sync_file_range WRITE); 2: also wait for the part before it and drop it from the page
-    cache (POSIX_FADV_DONTNEED), so dirty and cached pages stay bounded per writer.
+    cache (POSIX_FADV_DONTNEED), so dirty and cached pages stay bounded per writer;
+    3: start writeback per part as 1, and the hasher waits for and drops each window it
+    has hashed (the engine's order: nothing leaves the page cache before it is hashed).
     """
 
     def __init__(self, fds: list[int], sizes: list[int], part: int, sync: str, bound_dirty: int) -> None:
@@ -599,7 +607,7 @@ class Flusher:
         if self.sfr is not None:
             self.sfr(fd, start, end - start, _SYNC_FILE_RANGE_WRITE)
             prev = getattr(self.behind, "part", None)
-            if self.bound_dirty == 2 and prev is not None:
+            if self.bound_dirty == 2 and prev is not None:  # 3: the hasher drops what it hashed
                 pfd, pstart, pend = prev
                 self.sfr(pfd, pstart, pend - pstart, _SYNC_FILE_RANGE_WAIT_BEFORE
                          | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER)
@@ -612,6 +620,12 @@ class Flusher:
             t = threading.Thread(target=os.fdatasync, args=(fd,))
             t.start()
             self.pending.append(t)
+
+    def hashed(self, fd: int, start: int, length: int) -> None:
+        assert self.sfr is not None
+        self.sfr(fd, start, length, _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
+                 | _SYNC_FILE_RANGE_WAIT_AFTER)
+        os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
     def finish(self) -> None:
         for t in self.pending:
@@ -759,8 +773,12 @@ def hash_inline(fd: int, size: int, tracker: Tracker, i: int, buf: bytearray, xx
     return str(h.hexdigest())
 
 
-def hash_inline_mmap(fd: int, size: int, tracker: Tracker, i: int, window: int, xxhash: object) -> str:
-    """Like hash_inline, but hashes mapped windows of the page cache: no copy."""
+def hash_inline_mmap(fd: int, size: int, tracker: Tracker, i: int, window: int, xxhash: object,
+                     after: Callable[[int, int, int], None] | None = None) -> str:
+    """Like hash_inline, but hashes mapped windows of the page cache: no copy.
+
+    `after(fd, start, length)` runs for each window once it is hashed.
+    """
     import mmap
 
     h = xxhash.xxh3_128()  # type: ignore[attr-defined]
@@ -773,6 +791,8 @@ def hash_inline_mmap(fd: int, size: int, tracker: Tracker, i: int, window: int, 
             n = min(window, end - pos)
             with mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=pos) as m:
                 h.update(m)
+            if after is not None:
+                after(fd, pos, n)
             pos += n
     return str(h.hexdigest())
 
@@ -944,7 +964,7 @@ def main_hash(
 
 
 def main() -> None:
-    global DEST, ATTEMPTS
+    global DEST, ATTEMPTS, QUIET_WAIT_S
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -965,7 +985,7 @@ def main() -> None:
     f.add_argument("--procs", type=int, default=1)
     f.add_argument("--order", choices=("file", "quarters", "spread"), default="file")
     f.add_argument("--sync", choices=("per-file", "end"), default="end")
-    f.add_argument("--bound-dirty", type=int, choices=(0, 1, 2), default=0)
+    f.add_argument("--bound-dirty", type=int, choices=(0, 1, 2, 3), default=0)
     f.add_argument("--sample", type=int, default=0)
     f.add_argument("--dest", type=Path, default=DEST)
     parser.add_argument("--rounds", type=int, default=3)
@@ -980,6 +1000,10 @@ def main() -> None:
     parser.add_argument("--hash-study", action="store_true")
     parser.add_argument("--focus", action="store_true", help="best candidates, hash on")
     parser.add_argument("--compare", action="store_true", help="the main comparison (default)")
+    parser.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S,
+                        help="before each run, wait up to this long for the machine to go idle")
+    parser.add_argument("--study-hashed", action="store_true",
+                        help="with --write-study: the engine's candidates with the inline hash")
     parser.add_argument("--write-study", metavar="FS[,FS]",
                         help="A/B the write path to disk on fresh loop-mounted file systems "
                         "(xfs, ext4; needs root) with a set past the dirty-page limits")
@@ -989,6 +1013,7 @@ def main() -> None:
         fetch_main(args)
         return
     ATTEMPTS = args.attempts
+    QUIET_WAIT_S = args.quiet_wait
     # SIGTERM/SIGHUP unwind like Ctrl-C, so nginx is stopped and temp files removed.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(143))
@@ -1000,7 +1025,7 @@ def main() -> None:
                 for kind in args.write_study.split(","):
                     with loop_fs.loop_mount(kind, 16 * GIB, CACHE_ROOT) as mnt:
                         DEST = mnt / "lab"
-                        main_write(url, args.rounds, env, kind)
+                        (main_write_hashed if args.study_hashed else main_write)(url, args.rounds, env, kind)
                 return
             run_experiments(args, url, env)
     finally:
@@ -1038,6 +1063,26 @@ def main_write(url: str, rounds: int, env: dict[str, str], kind: str) -> None:
             url, scen, **dict(engine, fallocate=0, sync="end", order="spread", bound_dirty=1)),
     }
     print_table(f"write path, {kind} loop mount, {scen} (6 GiB), 8 threads x 16 MiB, "
+                f"medians of {rounds}", measure(variants, rounds, gib(files), env))
+
+
+def main_write_hashed(url: str, rounds: int, env: dict[str, str], kind: str) -> None:
+    """The write path as the engine would run it, every byte hashed from the page cache."""
+    scen = "12x512m"
+    files = SCENARIOS[scen]
+    engine = dict(threads=8, part_mib=16, buffer_kib=1024, hash="inline-mmap", sample=1,
+                  fallocate=1, sync="per-file", order="file")
+    variants = {
+        "s5cmd cp (conc 8, 16 MiB) + sync -f": [
+            "sh", "-c", " ".join(s5cmd_argv(url, files, 8, 16)) + f" && sync -f {DEST}"],
+        "engine today (fallocate, fdatasync per file), hashed": ours_argv(url, scen, **engine),
+        "ftruncate, hashed": ours_argv(url, scen, **dict(engine, fallocate=0)),
+        "ftruncate, writeback per part, hasher waits + drops, hashed": ours_argv(
+            url, scen, **dict(engine, fallocate=0, bound_dirty=3)),
+        "fallocate, writeback per part, hasher waits + drops, hashed": ours_argv(
+            url, scen, **dict(engine, bound_dirty=3)),
+    }
+    print_table(f"write path with the hash, {kind} loop mount, {scen} (6 GiB), 8 threads x 16 MiB, "
                 f"medians of {rounds}", measure(variants, rounds, gib(files), env))
 
 

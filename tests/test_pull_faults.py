@@ -30,6 +30,7 @@ from support.s3env import S3Env
 import modelsync.adapters.cache as cache_adapter
 import modelsync.adapters.ranged_http as ranged_http
 from modelsync.adapters.cache import STATE_DIR, Cache
+from modelsync.adapters.fs import in_memory
 from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
@@ -674,6 +675,34 @@ def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_eno
     assert info.value.exit_code == ExitCode.LOCAL_STORAGE == 6
     assert " free" in message and "needs" in message
     assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of `path` in the page cache (util-linux fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[0])
+
+
+def test_a_pull_to_disk_writes_behind_the_hasher_and_leaves_no_model_in_the_page_cache(
+    tmp_path: Path, make_settings: Callable[..., Settings], s3_client: BaseClient, bucket: str
+) -> None:
+    """Hashed ranges are written out and dropped as the pull goes, not left for writeback."""
+    if subprocess.run(["which", "fincore"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("fincore (util-linux) is not installed")
+    settings = make_settings()
+    if in_memory(settings.cache_dir.parent):
+        pytest.skip("the test directory is on tmpfs: nothing is written behind there")
+    size = 8 * PART
+    s3_client.put_object(Bucket=bucket, Key=PREFIX + KEY_NAME, Body=payload(size))
+    control = tmp_path / "written-plainly.bin"
+    control.write_bytes(payload(size))
+    assert resident_bytes(control) > size // 2  # this file system does keep written pages
+
+    result = pull(settings, model_ref(bucket), NoEvents())
+
+    assert (result.path / KEY_NAME).stat().st_size == size  # verified by the pull; reading would cache it
+    assert resident_bytes(result.path / KEY_NAME) < size // 4
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import errno
 import functools
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from modelsync.core.units import format_bytes
@@ -172,6 +172,49 @@ def exchange(dir_fd: int, name: str, other_dir_fd: int, other_name: str) -> bool
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name, use_errno=True) if name else None
+
+
+_SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    libc = _libc()
+    fn = getattr(libc, "sync_file_range", None) if libc is not None else None
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+def start_writeback(fd: int, start: int, length: int) -> None:
+    """Ask the kernel to start writing this range to disk now, without waiting for it.
+
+    Written data otherwise sits dirty until the kernel's limits force writeback, and
+    then every writer is throttled at once (see docs/perf-lab.md, the write path).
+    """
+    fn = _sync_file_range()
+    if fn is not None:
+        fn(fd, start, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def write_behind(fd: int, start: int, length: int) -> None:
+    """Wait until this range is written to disk, then drop it from the page cache.
+
+    For data already read back (hashed): it is not needed in memory again before the
+    final fdatasync, and keeping it would fill the page cache with a model's worth of
+    pages that the kernel must reclaim while the download goes on. Not a durability
+    guarantee (metadata is not flushed); the per-file fdatasync still is.
+    """
+    fn = _sync_file_range()
+    if fn is None:
+        return
+    if fn(fd, start, length, _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
+          | _SYNC_FILE_RANGE_WAIT_AFTER) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
 def fsync_dir(path: Path) -> None:

@@ -83,3 +83,31 @@ def test_refuses_a_url_with_a_query() -> None:
 def test_repr_hides_secrets() -> None:
     text = repr(Credentials("AKID", "very-secret", "tok-secret"))
     assert "very-secret" not in text and "tok-secret" not in text and "AKID" in text
+
+
+def test_the_s3_adapter_signs_like_botocore_after_learning_a_bucket() -> None:
+    """CachedPresigner keeps a bucket only when it reproduces botocore's URL, then signs alike."""
+    from modelsync.adapters.s3 import CachedPresigner
+
+    creds = Credentials("AKIDEXAMPLE", "secret/key+", "a-session-token")
+    cached = CachedPresigner()
+    first = botocore_url("http://127.0.0.1:9000", "eu-west-1", "path", creds, "bkt", KEYS[0], 3600)
+    assert cached.sign("bkt", KEYS[1], creds, dt.datetime.now(dt.UTC), 3600) is None
+    cached.learn("bkt", KEYS[0], creds, first)
+    for key in KEYS[1:]:
+        theirs = botocore_url("http://127.0.0.1:9000", "eu-west-1", "path", creds, "bkt", key, 3600)
+        _, when = base_and_time(theirs)
+        ours = cached.sign("bkt", key, creds, when, 3600)
+        assert ours is not None
+        assert urlsplit(ours).path == urlsplit(theirs).path
+        assert parse_qs(urlsplit(ours).query) == parse_qs(urlsplit(theirs).query)
+
+
+def test_the_s3_adapter_leaves_a_url_it_cannot_reproduce_to_botocore() -> None:
+    from modelsync.adapters.s3 import CachedPresigner
+
+    creds = Credentials("AKIDEXAMPLE", "secret")
+    cached = CachedPresigner()
+    first = botocore_url("http://127.0.0.1:9000", "us-east-1", "path", creds, "bkt", KEYS[0], 60)
+    cached.learn("bkt", KEYS[0], creds, first.replace("X-Amz-Signature=", "X-Amz-Signature=0"))
+    assert cached.sign("bkt", KEYS[1], creds, dt.datetime.now(dt.UTC), 60) is None

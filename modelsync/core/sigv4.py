@@ -54,18 +54,51 @@ def signing_key(secret_key: str, date: str, region: str, service: str) -> bytes:
 class QuerySigner:
     """Presigns GET URLs; the signing key is derived once per (secret, day) and reused.
 
-    One instance per region and service; not thread-safe (the engine signs on its event loop).
+    The query string is kept per (credentials, second, expiry) and the Host header per
+    origin, so signing one more URL is one SHA-256 and one HMAC. One instance per
+    region and service; not thread-safe (the engine signs on its event loop).
     """
 
     def __init__(self, region: str, service: str = "s3") -> None:
         self.region = region
         self.service = service
         self._key: tuple[str, str, bytes] | None = None  # (secret, date, key)
+        self._query: tuple[tuple[str, str | None, str, int], str] | None = None
+        self._hosts: dict[str, str] = {}
 
     def _key_for(self, secret_key: str, date: str) -> bytes:
         if self._key is None or self._key[0] != secret_key or self._key[1] != date:
             self._key = (secret_key, date, signing_key(secret_key, date, self.region, self.service))
         return self._key[2]
+
+    def _host(self, origin: str) -> str:
+        host = self._hosts.get(origin)
+        if host is None:
+            parts = urlsplit(origin)
+            host = parts.hostname or ""
+            if ":" in host:
+                host = f"[{host}]"
+            if parts.port is not None and parts.port != _DEFAULT_PORTS.get(parts.scheme):
+                host = f"{host}:{parts.port}"
+            self._hosts[origin] = host
+        return host
+
+    def _canonical_query(self, creds: Credentials, stamp: str, expires_s: int) -> str:
+        cache_key = (creds.access_key, creds.token, stamp, expires_s)
+        if self._query is None or self._query[0] != cache_key:
+            scope = f"{stamp[:8]}/{self.region}/{self.service}/aws4_request"
+            params = {
+                "X-Amz-Algorithm": ALGORITHM,
+                "X-Amz-Credential": f"{creds.access_key}/{scope}",
+                "X-Amz-Date": stamp,
+                "X-Amz-Expires": str(expires_s),
+                "X-Amz-SignedHeaders": "host",
+            }
+            if creds.token:
+                params["X-Amz-Security-Token"] = creds.token
+            query = "&".join(f"{_quote_param(k)}={_quote_param(v)}" for k, v in sorted(params.items()))
+            self._query = (cache_key, query)
+        return self._query[1]
 
     def presign_get(self, url: str, creds: Credentials, now: dt.datetime, expires_s: int) -> str:
         """`url` (path already percent-encoded, no query) signed for GET until now + expires_s.
@@ -73,29 +106,15 @@ class QuerySigner:
         Only `host` is signed, so `Range` and `If-Match` may be added freely, as with
         botocore's own presigned URLs.
         """
-        parts = urlsplit(url)
-        if parts.query or parts.fragment:
+        if "?" in url or "#" in url:
             raise ValueError("the URL to sign must carry no query or fragment")
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        if parts.port is not None and parts.port != _DEFAULT_PORTS.get(parts.scheme):
-            host = f"{host}:{parts.port}"
+        scheme_end = url.index("://") + 3
+        path_start = url.find("/", scheme_end)
+        origin, path = (url, "/") if path_start < 0 else (url[:path_start], url[path_start:])
         stamp = now.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        date = stamp[:8]
-        scope = f"{date}/{self.region}/{self.service}/aws4_request"
-        params = {
-            "X-Amz-Algorithm": ALGORITHM,
-            "X-Amz-Credential": f"{creds.access_key}/{scope}",
-            "X-Amz-Date": stamp,
-            "X-Amz-Expires": str(expires_s),
-            "X-Amz-SignedHeaders": "host",
-        }
-        if creds.token:
-            params["X-Amz-Security-Token"] = creds.token
-        query = "&".join(f"{_quote_param(k)}={_quote_param(v)}" for k, v in sorted(params.items()))
-        path = parts.path or "/"
-        canonical = f"GET\n{path}\n{query}\nhost:{host}\n\nhost\nUNSIGNED-PAYLOAD"
+        query = self._canonical_query(creds, stamp, expires_s)
+        canonical = f"GET\n{path}\n{query}\nhost:{self._host(origin)}\n\nhost\nUNSIGNED-PAYLOAD"
+        scope = f"{stamp[:8]}/{self.region}/{self.service}/aws4_request"
         to_sign = f"{ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._key_for(creds.secret_key, date), to_sign.encode(), hashlib.sha256)
-        return f"{parts.scheme}://{parts.netloc}{path}?{query}&X-Amz-Signature={signature.hexdigest()}"
+        signature = hmac.new(self._key_for(creds.secret_key, stamp[:8]), to_sign.encode(), hashlib.sha256)
+        return f"{origin}{path}?{query}&X-Amz-Signature={signature.hexdigest()}"

@@ -489,8 +489,7 @@ class _Puller:
 
     async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> FileDigest:
         """Fetch the missing parts while hashing the landed prefix; the digest once all are in."""
-        with fs.storage_errors(self.staging.dir / work.file.path, work.file.size_bytes):
-            fd = self.staging.open_file(work.file.path, work.file.size_bytes)
+        fd = await self._open(work.file)
         try:
             with first_error():
                 await self._fetch_missing(work, _Prefix(work, hasher, fd))
@@ -509,6 +508,23 @@ class _Puller:
             ) from None
         finally:
             os.close(fd)
+
+    async def _open(self, f: RemoteFile) -> int:
+        """Create the staging file in a transfer thread: for small files, opening beneath the
+        staging directory and allocating cost more than the GET, and the event loop is the
+        one thread all files share."""
+
+        def open_file() -> int:
+            with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
+                return self.staging.open_file(f.path, f.size_bytes)
+
+        opening = asyncio.get_running_loop().run_in_executor(self.executor, open_file)
+        try:
+            return await _in_thread(opening)
+        except asyncio.CancelledError:
+            if not opening.cancelled() and opening.exception() is None:
+                os.close(opening.result())  # opened after all: do not leak it
+            raise
 
     async def _fetch_missing(self, work: FileWork, prefix: _Prefix) -> None:
         """The parts through the shared window, and one hasher following them, as one task group."""

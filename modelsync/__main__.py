@@ -1,4 +1,4 @@
-"""Entry point: answer a warm `pull` without importing the full command line, else run it."""
+"""Entry point: a plain `pull` (warm or cold) without importing the full command line, else run it."""
 
 import os
 import sys
@@ -12,12 +12,15 @@ def main() -> None:
     os.umask(os.umask(0) & ~0o070)
     interrupt.install()
     try:
-        from modelsync.warm import try_warm_pull
+        from modelsync.warm import try_cold_pull, try_warm_pull
 
         path = try_warm_pull(sys.argv[1:], os.environ)
         if path is not None:
             print(path)
             return
+        cold = try_cold_pull(sys.argv[1:], os.environ)
+        if cold is not None:
+            sys.exit(cold)
         from modelsync.cli import run
 
         code = run(sys.argv[1:])

@@ -39,14 +39,13 @@ from modelsync.cli_common import (
     Quiet,
     Region,
     build_settings,
-    cold_pull,
-    usable_cache,
     user_errors,
 )
 from modelsync.config import S3_SETTINGS, Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import parse_duration
 from modelsync.errors import ExitCode, LocalStorageError, UsageError
+from modelsync.warm import cold_pull, usable_cache
 
 app = typer.Typer(
     name="modelsync",

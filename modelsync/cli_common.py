@@ -26,9 +26,9 @@ from modelsync.config import (
     load_settings,
     parse_setting,
 )
-from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes
-from modelsync.errors import LocalStorageError, ModelsyncError, NotFoundError
+from modelsync.errors import ModelsyncError, NotFoundError
+from modelsync.warm import usable_cache
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -169,16 +169,6 @@ def cache_settings(cache_dir: Path | None, config: Path | None) -> Settings:
     return build_settings(cache_dir=cache_dir, config=config, needed=CACHE_SETTINGS)
 
 
-def usable_cache(settings: Settings) -> Cache:
-    """The cache at the configured root, which may not exist yet but must not be, or lie in, a file."""
-    root = settings.cache_dir
-    nearest = next((p for p in (root, *root.parents) if p.exists()), root)
-    if not nearest.is_dir():
-        where = "is not a directory" if nearest == root else f"lies in {nearest}, which is not a directory"
-        raise LocalStorageError(f"cache root {root} {where}; check --cache-dir or MODELSYNC_CACHE_DIR")
-    return Cache(root)
-
-
 def existing_cache(settings: Settings) -> Cache:
     """The cache for a command that must not create one: a typo'd --cache-dir is one line, not a new cache."""
     cache = usable_cache(settings)
@@ -190,21 +180,3 @@ def existing_cache(settings: Settings) -> Cache:
     return cache
 
 
-def cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
-    """Pull `ref` in this process with progress on stderr, announced as a foreground pull.
-
-    The announcement makes a running daemon pause its background prefetch, so a
-    pod's init container gets the node's bandwidth. The engine is imported here,
-    not at the top, so commands that never pull (a warm pull, ls) stay fast.
-    """
-    from modelsync.adapters.foreground import announce
-    from modelsync.engine.pull import pull
-    from modelsync.progress import StderrProgress
-
-    progress = StderrProgress(ref.model_id, quiet=quiet)
-    try:
-        with announce(settings.cache_dir, ref):
-            result = pull(settings, ref, progress)
-    finally:
-        progress.close()
-    return result.path

@@ -25,11 +25,11 @@ from modelsync.cli_common import (
     Quiet,
     Region,
     build_settings,
-    cold_pull,
 )
 from modelsync.config import environment
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import UsageError
+from modelsync.warm import cold_pull
 
 ScheduleFile = Annotated[
     Path,

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from botocore.client import BaseClient
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import FileEntry
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import parse_source
+from modelsync.errors import ExitCode
 from modelsync.warm import try_warm_pull
 
 SOURCE = "s3://models/org/model/rev1/"
@@ -95,3 +97,43 @@ def test_the_warm_path_imports_neither_the_s3_stack_nor_the_full_command_line(tm
         check=True,
     )
     assert done.stdout.splitlines() == [str(ready), "[]"]
+
+
+MAIN_REPORTING_IMPORTS = (
+    "import sys\n"
+    "from modelsync.__main__ import main\n"
+    "try:\n"
+    "    main()\n"
+    "finally:\n"
+    "    print(sorted(m for m in ('typer', 'click') if m in sys.modules), file=sys.stderr)\n"
+)
+
+
+def test_a_plain_cold_pull_runs_without_the_full_command_line(
+    tmp_path: Path, s3_client: BaseClient, bucket: str, child_env: dict[str, str]
+) -> None:
+    """The init container's cold pull skips typer's import; same path on stdout, same progress."""
+    s3_client.put_object(Bucket=bucket, Key="org/model/weights.bin", Body=b"w" * 300_000)
+    done = subprocess.run(
+        [sys.executable, "-c", MAIN_REPORTING_IMPORTS, "pull", f"s3://{bucket}/org/model/",
+         "--cache-dir", str(tmp_path), "--quiet"],
+        env=child_env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.splitlines()[-1])
+    assert (path / "weights.bin").read_bytes() == b"w" * 300_000
+    assert done.stderr.splitlines()[-1] == "[]"
+
+
+def test_a_plain_cold_pull_ends_an_error_as_the_full_command_does(
+    tmp_path: Path, bucket: str, child_env: dict[str, str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MAIN_REPORTING_IMPORTS, "pull", f"s3://{bucket}/no/such/model/",
+         "--cache-dir", str(tmp_path)],
+        env=child_env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    lines = done.stderr.splitlines()
+    assert done.returncode == int(ExitCode.NOT_FOUND)
+    assert len(lines) == 2 and lines[0].startswith("error: ") and "Traceback" not in done.stderr
+    assert lines[1] == "[]"  # answered without the full command line

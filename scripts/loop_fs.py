@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,10 +56,19 @@ def loop_mount(kind: str, size_bytes: int, under: Path) -> Iterator[Path]:
         yield point
     finally:
         if mounted:
-            subprocess.run(["umount", str(point)], check=False, capture_output=True)
+            _unmount(point)
         if device:
             subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _unmount(point: Path) -> None:
+    """Unmount, waiting a little for a killed writer's files to close; lazily as a last resort."""
+    for _ in range(20):
+        if subprocess.run(["umount", str(point)], check=False, capture_output=True).returncode == 0:
+            return
+        time.sleep(0.25)
+    subprocess.run(["umount", "--lazy", str(point)], check=False, capture_output=True)
 
 
 def _run(*argv: str) -> str:

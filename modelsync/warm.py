@@ -67,8 +67,8 @@ def _plain_pull(argv: Sequence[str], env: Mapping[str, str]) -> tuple[ModelRef, 
         config = options.pop("config", None)
         flags = {k: Path(v).expanduser().absolute() if k == "cache_dir" else v for k, v in options.items()}
         settings = load_settings(flags, env, config_file_from(Path(config) if config else None, env))
-        if not os.access(settings.cache_dir, os.W_OK):
-            return None
+        if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
+            return None  # a tenant's read-only mount: the full command asks the node daemon
     except (ModelsyncError, OSError):
         return None
     return ref, settings, quiet

@@ -116,7 +116,7 @@ def test_a_plain_cold_pull_runs_without_the_full_command_line(
     s3_client.put_object(Bucket=bucket, Key="org/model/weights.bin", Body=b"w" * 300_000)
     done = subprocess.run(
         [sys.executable, "-c", MAIN_REPORTING_IMPORTS, "pull", f"s3://{bucket}/org/model/",
-         "--cache-dir", str(tmp_path), "--quiet"],
+         "--cache-dir", str(tmp_path / "new-cache"), "--quiet"],  # a first pull creates the cache
         env=child_env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -1,16 +1,23 @@
-"""The benchmark's nginx endpoint behaves like the S3 data plane modelsync relies on."""
+"""The benchmark's pieces work: its nginx endpoint behaves like the S3 data plane, its loop mounts
+clean up, and the harness runs end to end (a smoke run; performance is never asserted)."""
 
 from __future__ import annotations
 
 import http.client
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import loop_fs
+from benchmark import fs_type
 from nginx_endpoint import NginxEndpoint, find_nginx, nginx_etag
+
+SCRIPTS = Path(loop_fs.__file__).parent
 
 pytestmark = pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed")
 
@@ -89,3 +96,35 @@ def test_access_log_counts_requests(endpoint: NginxEndpoint) -> None:
     before = endpoint.request_count()
     request(endpoint, "HEAD", "/bucket/model/weights.bin")
     assert endpoint.request_count() == before + 1
+
+
+def test_access_log_times_each_request_and_marks_ranged_gets(endpoint: NginxEndpoint) -> None:
+    """What the cold-start probe reads: epoch time, request line, whether it asked for a range."""
+    before = time.time()
+    request(endpoint, "GET", "/bucket/model/weights.bin", {"Range": "bytes=0-9"})
+    request(endpoint, "GET", "/bucket/model/weights.bin")
+    *_, (ranged_at, line, ranged), (_, _, plain) = endpoint.requests()
+    assert before - 1 <= ranged_at <= time.time() + 1
+    assert line.startswith("GET /bucket/model/weights.bin") and ranged and not plain
+
+
+def test_loop_mount_makes_a_fresh_file_system_and_removes_it(tmp_path: Path) -> None:
+    if loop_fs.why_not("xfs"):
+        pytest.skip(loop_fs.why_not("xfs"))
+    with loop_fs.loop_mount("xfs", 512 * 1024 * 1024, tmp_path) as mount:
+        (mount / "probe").write_bytes(b"x")
+        assert fs_type(mount) == "xfs"
+    assert not mount.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_bench_harness_runs_and_times_the_cold_start(tmp_path: Path) -> None:
+    """A smoke run of scripts/bench: modelsync alone, a 64 KiB-file cold pull; no timing asserted."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "benchmark.py"), "--small", "--rounds", "1", "--only", "cold-64m",
+         "--dest", "tmpfs", "--endpoint", "nginx", "--contenders", "modelsync",
+         "--cache-dir", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "first ranged GET after" in done.stdout
+    assert len(list((tmp_path / "results").glob("*.json"))) == 1

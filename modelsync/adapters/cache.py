@@ -629,15 +629,34 @@ def _listdir(directory: Path) -> list[Path]:
 
 
 def _seal_tree(directory: Path) -> None:
-    """fsync every file and directory and make files read-only before they become visible."""
+    """Make files read-only and everything below `directory` durable before it becomes visible.
+
+    One syncfs of the file system where the kernel has it: a model of 2,000 small files
+    otherwise pays 2,000 journal commits here (fsync per file), the bulk of its time to
+    disk. Where syncfs is missing, every file and directory is fsynced.
+    """
+    files, dirs = [], [directory]
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.fchmod(fd, fs.READY_FILE_MODE)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        for name in dirnames:
-            fs.fsync_dir(Path(dirpath, name))
-    fs.fsync_dir(directory)
+        files += [os.path.join(dirpath, name) for name in filenames]
+        dirs += [Path(dirpath, name) for name in dirnames]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, fs.READY_FILE_MODE)
+        finally:
+            os.close(fd)
+    root = fs.open_dir(directory)
+    try:
+        synced = fs.syncfs(root)
+    finally:
+        os.close(root)
+    if synced:
+        return
+    for path in files:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for d in dirs:
+        fs.fsync_dir(d)

@@ -217,6 +217,21 @@ def write_behind(fd: int, start: int, length: int) -> None:
     os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
+def syncfs(fd: int) -> bool:
+    """Flush the whole file system holding `fd` (data and metadata); False where libc lacks it.
+
+    Errors (EIO) are raised: since Linux 5.8 syncfs reports writeback errors.
+    """
+    libc = _libc()
+    fn = getattr(libc, "syncfs", None) if libc is not None else None
+    if fn is None:
+        return False
+    if fn(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return True
+
+
 def fsync_dir(path: Path) -> None:
     fd = open_dir(path)
     try:

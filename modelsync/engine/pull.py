@@ -493,10 +493,12 @@ class _Puller:
         try:
             with first_error():
                 await self._fetch_missing(work, _Prefix(work, hasher, fd))
-            if self.staging.on_disk:
-                # Flush each file as it completes, while other files still download, rather
-                # than all of them at publish time (tmpfs has nothing to flush). Its data is
-                # on disk already (write-behind); this makes its size and extents durable.
+            if self.staging.on_disk and len(work.parts) > 1:
+                # Flush a large file as it completes, while other files still download,
+                # rather than all of them at publish time (tmpfs has nothing to flush). Its
+                # data is on disk already (write-behind); this makes its size and extents
+                # durable. A one-part file waits for publish's single syncfs: thousands of
+                # small files would each pay a journal commit here.
                 await asyncio.to_thread(os.fdatasync, fd)
             return hasher.digest()
         except DiskFullError as exc:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from modelsync import interrupt
 from modelsync.adapters.cache import Cache
-from modelsync.config import Settings, config_file_from, load_settings
+from modelsync.config import Settings, config_file_from, load_settings, parse_setting
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ready import warm_path
 from modelsync.errors import LocalStorageError, ModelsyncError
@@ -65,7 +65,11 @@ def _plain_pull(argv: Sequence[str], env: Mapping[str, str]) -> tuple[ModelRef, 
     try:
         ref = parse_source(source)
         config = options.pop("config", None)
-        flags = {k: Path(v).expanduser().absolute() if k == "cache_dir" else v for k, v in options.items()}
+        flags: dict[str, object] = dict(options)
+        if "cache_dir" in options:
+            flags["cache_dir"] = Path(options["cache_dir"]).expanduser().absolute()
+        if "endpoint_url" in options:  # checked as the full command checks it
+            flags["endpoint_url"] = parse_setting("endpoint_url", options["endpoint_url"], "--endpoint-url")
         settings = load_settings(flags, env, config_file_from(Path(config) if config else None, env))
         if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
             return None  # a tenant's read-only mount: the full command asks the node daemon

@@ -336,7 +336,11 @@ class UploadedEndpoint:
     def _start(self) -> None:
         if self.kind == "seaweedfs":
             sys.path.insert(0, str(REPO / "tests"))
-            from support.seaweedfs import Identity, SeaweedFS, weed_binary
+            try:
+                from support.seaweedfs import Identity, SeaweedFS, weed_binary
+            except ImportError as exc:
+                raise BenchError(f"the SeaweedFS test fixture is missing ({exc}); it comes with the "
+                                 "SeaweedFS integration tier (tests/support/seaweedfs.py)") from None
 
             try:
                 weed_binary()

@@ -16,12 +16,17 @@ Faults
 Child-process moto (its own GIL; for multi-process and kill tests)
     moto_subprocess         -> SubprocessMoto   session; `.endpoint_url`, `.pid`, `.reset()`
     moto_subprocess_s3_env  -> S3Env            on moto_subprocess, reset first
+    moto_subprocess_client  -> BaseClient       a sync boto3 client on it, closed after
+    moto_subprocess_proxy   -> FaultProxy       a fresh fault proxy in front of it
 
 SeaweedFS (a real S3 server in a child process: SigV4 checked, per-identity actions)
     seaweedfs        -> SeaweedFS             session; `.endpoint_url`, `.env(identity)`
     seaweed_admin    -> S3Env                 the identity that may write
     seaweed_reader   -> S3Env                 a read-only identity (Read, List)
     seaweed_bucket   -> str                   a fresh, uniquely named, empty bucket on it
+
+The node daemon
+    start_daemon     -> (schedule, env, *args) -> Daemon   children stopped after the test
 
 In-process engine calls
     aws_credentials  -> S3Env                 test credentials in the AWS env chain (monkeypatched,
@@ -35,14 +40,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.daemon import Daemon
 from support.faultproxy import FaultProxy
 from support.motoserver import SubprocessMoto, ThreadedMoto
-from support.s3env import S3Env
+from support.s3env import FOREIGN_AWS_VARS, S3Env
 from support.seaweedfs import Identity, SeaweedFS
 
 # ---- S3: in-thread moto ------------------------------------------------------------
@@ -124,6 +130,23 @@ def moto_subprocess_s3_env(moto_subprocess: SubprocessMoto) -> S3Env:
     return S3Env(moto_subprocess.endpoint_url)
 
 
+@pytest.fixture
+def moto_subprocess_client(moto_subprocess_s3_env: S3Env) -> Iterator[BaseClient]:
+    """Like s3_client, for the child-process server."""
+    client = moto_subprocess_s3_env.boto3_client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def moto_subprocess_proxy(moto_subprocess_s3_env: S3Env) -> Iterator[FaultProxy]:
+    """Like fault_proxy, in front of the child-process server."""
+    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
+        yield proxy
+
+
 # ---- SeaweedFS ---------------------------------------------------------------------
 
 SEAWEED_ADMIN = Identity.admin()
@@ -159,6 +182,24 @@ def seaweed_bucket(seaweed_admin: S3Env) -> str:
     return name
 
 
+# ---- the node daemon ---------------------------------------------------------------
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start `modelsync daemon` children on tmp_path/cache; every one is stopped after the test."""
+    started: list[Daemon] = []
+
+    def start(schedule: Path, env: dict[str, str], *extra: str) -> Daemon:
+        daemon = Daemon(tmp_path / "cache", schedule, env, *extra)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
 # ---- in-process AWS credentials ----------------------------------------------------
 
 
@@ -173,16 +214,7 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> S3Env:
     env = S3Env("http://unused.invalid")
     for name in [n for n in os.environ if n.startswith("AWS_ENDPOINT_URL")]:
         monkeypatch.delenv(name)
-    for name in (
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_SECURITY_TOKEN",
-        "AWS_ROLE_ARN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_SHARED_CREDENTIALS_FILE",
-        "AWS_CONFIG_FILE",
-    ):
+    for name in FOREIGN_AWS_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", env.access_key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env.secret_access_key)

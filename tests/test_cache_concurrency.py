@@ -16,32 +16,30 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import pytest
 from botocore.client import BaseClient
+from support.cli import run_cli
 from support.faultproxy import FaultProxy
+from support.objects import put_model
 from support.s3env import S3Env
 from support.safetensors import shard
+from support.waiting import wait_for
 
 from modelsync.adapters.cache import Cache
-from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.refs import ModelRef
 from modelsync.engine.catalog import open_catalog
 
 KiB = 1024
 MiB = 1024 * KiB
 MODELSYNC = [sys.executable, "-m", "modelsync"]
+BUCKET = "conc"  # the child moto is emptied before each test
 
 
 # ---- helpers --------------------------------------------------------------------------
-
-
-def body_bytes(proxy: FaultProxy, match: str = "") -> int:
-    """Object body bytes served by presigned ranged GETs (not manifests or listings)."""
-    return sum(r.body_bytes_sent for r in proxy.requests(match, method="GET") if "X-Amz-Signature" in r.path)
 
 
 def journal_parts(cache: Path) -> int:
@@ -52,17 +50,6 @@ def journal_parts(cache: Path) -> int:
                 if "part" in json.loads(line):
                     count += 1
     return count
-
-
-def wait_for(
-    condition: object, what: str, timeout_s: float = 30.0, proc: subprocess.Popen[str] | None = None
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended while waiting for {what}: {proc.returncode}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def assert_all_or_nothing(cache: Cache, ref: ModelRef, files: dict[str, bytes]) -> bool:
@@ -83,36 +70,10 @@ def assert_all_or_nothing(cache: Cache, ref: ModelRef, files: dict[str, bytes]) 
 
 
 @pytest.fixture
-def proxy(moto_subprocess_s3_env: S3Env) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
-        yield proxy
-
-
-@pytest.fixture
-def s3(moto_subprocess_s3_env: S3Env) -> Iterator[BaseClient]:
-    client = moto_subprocess_s3_env.boto3_client()
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
-def env(moto_subprocess_s3_env: S3Env, proxy: FaultProxy) -> dict[str, str]:
-    child = moto_subprocess_s3_env.via(proxy.endpoint_url).subprocess_env()
-    for name in ("MODELSYNC_CACHE_MAX_BYTES", "MODELSYNC_CONFIG", "MODELSYNC_CACHE_DIR"):
-        child.pop(name, None)
+def env(moto_subprocess_s3_env: S3Env, moto_subprocess_proxy: FaultProxy) -> dict[str, str]:
+    child = moto_subprocess_s3_env.via(moto_subprocess_proxy.endpoint_url).subprocess_env()
     child["MODELSYNC_PART_SIZE"] = "1Mi"  # the smallest part size allowed
     return child
-
-
-def upload(s3: BaseClient, prefix: str, files: dict[str, bytes], bucket: str | None = None) -> ModelRef:
-    if bucket is None:
-        bucket = f"conc-{uuid.uuid4().hex[:12]}"
-        s3.create_bucket(Bucket=bucket)
-    for name, data in files.items():
-        s3.put_object(Bucket=bucket, Key=prefix + name, Body=data)
-    return parse_source(f"s3://{bucket}/{prefix}")
 
 
 def start(
@@ -128,17 +89,11 @@ def start(
     )
 
 
-def run(args: list[str], cache: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MODELSYNC, *args, "--cache-dir", str(cache)], env=env, capture_output=True, text=True, timeout=60
-    )
-
-
 def assert_cache_clean(cache_dir: Path, env: dict[str, str]) -> None:
-    listed = run(["ls", "--json"], cache_dir, env)
+    listed = run_cli(env, "ls", "--json", cache_dir=cache_dir)
     assert listed.returncode == 0, listed.stderr
     assert all(m["state"] == "ready" for m in json.loads(listed.stdout)["models"]), listed.stdout
-    checked = run(["verify", "--full"], cache_dir, env)
+    checked = run_cli(env, "verify", "--full", cache_dir=cache_dir)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "bad" not in checked.stdout
 
@@ -158,11 +113,11 @@ def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
 
 
 def test_eight_concurrent_pulls_of_one_model_all_print_its_path_and_fetch_it_about_once(
-    tmp_path: Path, s3: BaseClient, proxy: FaultProxy, env: dict[str, str]
+    tmp_path: Path, moto_subprocess_client: BaseClient, moto_subprocess_proxy: FaultProxy, env: dict[str, str]
 ) -> None:
     files = {"model.safetensors": shard(4 * MiB), "config.json": b'{"layers": 4}'}
     total = sum(len(d) for d in files.values())
-    ref = upload(s3, "org/popular/rev1/", files)
+    ref = put_model(moto_subprocess_client, BUCKET, "org/popular/rev1/", files)
     cache_dir = tmp_path / "cache"
 
     pullers = [start(["pull", ref.uri, "--max-bandwidth", "4Mi"], cache_dir, env) for _ in range(8)]
@@ -172,7 +127,7 @@ def test_eight_concurrent_pulls_of_one_model_all_print_its_path_and_fetch_it_abo
     assert [p.returncode for p in pullers] == [0] * 8, outputs
     ready = str(Cache(cache_dir).ready_path(ref))
     assert {out.splitlines()[-1] for out, _err in outputs} == {ready}
-    served = body_bytes(proxy)
+    served = moto_subprocess_proxy.object_bytes_sent()
     ratio = served / total
     print(f"8 concurrent pulls of {total} bytes: the server sent {served} bytes ({ratio:.3f}x)")
     assert ratio == 1.0
@@ -183,11 +138,11 @@ def test_eight_concurrent_pulls_of_one_model_all_print_its_path_and_fetch_it_abo
 
 
 def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_parts(
-    tmp_path: Path, s3: BaseClient, proxy: FaultProxy, env: dict[str, str]
+    tmp_path: Path, moto_subprocess_client: BaseClient, moto_subprocess_proxy: FaultProxy, env: dict[str, str]
 ) -> None:
     files = {"model.safetensors": shard(12 * MiB)}
     total = 12 * MiB
-    ref = upload(s3, "org/handover/rev1/", files)
+    ref = put_model(moto_subprocess_client, BUCKET, "org/handover/rev1/", files)
     cache_dir = tmp_path / "cache"
     cache = Cache(cache_dir)
     holder_file = cache.lock(ref).holder_path
@@ -206,7 +161,7 @@ def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_p
             os.kill(holder.pid, signal.SIGKILL)
             killed_at = time.monotonic()
             holder.wait(timeout=10)
-            proxy.clear()  # from here on, every byte served is the waiter's
+            moto_subprocess_proxy.clear()  # from here on, every byte served is the waiter's
 
             def waiter_holds() -> bool:
                 with contextlib.suppress(OSError, ValueError):
@@ -220,10 +175,11 @@ def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_p
     assert holder.returncode == -signal.SIGKILL
     assert waiter.returncode == 0, waiter_err.read_text()
     assert out.splitlines()[-1] == str(cache.ready_path(ref))
-    print(f"takeover {takeover_s:.2f} s after kill -9; waiter fetched {body_bytes(proxy)} of {total} bytes")
-    assert takeover_s < 2.0
+    fetched = moto_subprocess_proxy.object_bytes_sent()
+    print(f"takeover {takeover_s:.2f} s after kill -9; waiter fetched {fetched} of {total} bytes")
+    assert takeover_s < 3.0  # the lock wakes it (milliseconds); slack for a loaded machine
     # It resumed: the parts the dead holder journaled were not fetched again.
-    assert body_bytes(proxy) <= total - done_parts * MiB
+    assert moto_subprocess_proxy.object_bytes_sent() <= total - done_parts * MiB
     assert assert_all_or_nothing(cache, ref, files)
     assert_cache_clean(cache_dir, env)
 
@@ -232,10 +188,10 @@ def test_a_waiter_takes_over_at_once_when_the_holder_is_killed_and_resumes_its_p
 
 
 def test_an_evict_racing_a_pull_of_the_same_model_leaves_it_fully_present_or_fully_absent(
-    tmp_path: Path, s3: BaseClient, env: dict[str, str]
+    tmp_path: Path, moto_subprocess_client: BaseClient, env: dict[str, str]
 ) -> None:
     files = {"a.bin": os.urandom(2 * MiB), "b.bin": os.urandom(MiB)}
-    ref = upload(s3, "org/raced/rev1/", files)
+    ref = put_model(moto_subprocess_client, BUCKET, "org/raced/rev1/", files)
     cache_dir = tmp_path / "cache"
     cache = Cache(cache_dir)
     outcomes = []
@@ -245,7 +201,7 @@ def test_an_evict_racing_a_pull_of_the_same_model_leaves_it_fully_present_or_ful
     puller = start(["pull", ref.uri, "--max-bandwidth", "4Mi", "-q"], cache_dir, env)
     with reaped(puller):
         while puller.poll() is None:
-            result = run(["evict", ref.model_id], cache_dir, env)
+            result = run_cli(env, "evict", ref.model_id, cache_dir=cache_dir)
             evict_codes.add(result.returncode)
             assert result.returncode in (0, 2, 3), result.stderr
             assert "Traceback" not in result.stderr
@@ -306,15 +262,15 @@ def fill(path: Path) -> int:
 
 @pytest.mark.root
 def test_disk_full_in_the_middle_of_two_pulls_fails_or_succeeds_cleanly_and_serves_nothing_half_written(
-    small_tmpfs: Path, s3: BaseClient, env: dict[str, str]
+    small_tmpfs: Path, moto_subprocess_client: BaseClient, env: dict[str, str]
 ) -> None:
     cache_dir = small_tmpfs / "cache"
     cache = Cache(cache_dir)
     first = {"w.bin": os.urandom(3 * MiB), "x.bin": os.urandom(MiB)}
     second = {"w.bin": os.urandom(3 * MiB), "y.bin": os.urandom(MiB)}
-    ref1 = upload(s3, "org/first/rev1/", first)
-    ref2 = upload(s3, "org/second/rev1/", second, bucket=ref1.bucket)
-    ref3 = upload(s3, "org/third/rev1/", {"z.bin": os.urandom(MiB)}, bucket=ref1.bucket)
+    ref1 = put_model(moto_subprocess_client, BUCKET, "org/first/rev1/", first)
+    ref2 = put_model(moto_subprocess_client, BUCKET, "org/second/rev1/", second)
+    ref3 = put_model(moto_subprocess_client, BUCKET, "org/third/rev1/", {"z.bin": os.urandom(MiB)})
 
     # 1 MiB parts at 1 MiB/s: each pull is in flight for about four seconds
     one = start(["pull", ref1.uri, "--max-bandwidth", "1Mi", "-q"], cache_dir, env)
@@ -323,7 +279,7 @@ def test_disk_full_in_the_middle_of_two_pulls_fails_or_succeeds_cleanly_and_serv
         wait_for(lambda: journal_parts(cache_dir) >= 2, "both pulls in flight", proc=one)
         filler = small_tmpfs / "filler"
         filled = fill(filler)  # another tenant of the volume takes every byte left
-        third = run(["pull", ref3.uri, "-q"], cache_dir, env)
+        third = run_cli(env, "pull", ref3.uri, "-q", cache_dir=cache_dir)
         results = [p.communicate(timeout=60) for p in (one, two)]
 
     print(f"filled {filled} bytes; exits {one.returncode}, {two.returncode}; third {third.returncode}")
@@ -340,7 +296,7 @@ def test_disk_full_in_the_middle_of_two_pulls_fails_or_succeeds_cleanly_and_serv
     assert not os.path.lexists(cache.ready_path(ref3))
 
     # The operator can still see the cache on the full disk, to choose what to evict.
-    listed = run(["ls", "--json"], cache_dir, env)
+    listed = run_cli(env, "ls", "--json", cache_dir=cache_dir)
     assert listed.returncode == 0, listed.stderr
     ready_now = {m["model"] for m in json.loads(listed.stdout)["models"] if m["state"] == "ready"}
     expected = {r.model_id for r, p in ((ref1, one), (ref2, two)) if p.returncode == 0}
@@ -349,7 +305,7 @@ def test_disk_full_in_the_middle_of_two_pulls_fails_or_succeeds_cleanly_and_serv
     filler.unlink()
     assert_cache_clean(cache_dir, env)
     for ref, files in ((ref1, first), (ref2, second)):
-        again = run(["pull", ref.uri, "-q"], cache_dir, env)
+        again = run_cli(env, "pull", ref.uri, "-q", cache_dir=cache_dir)
         assert again.returncode == 0, again.stderr
         assert assert_all_or_nothing(cache, ref, files)
     assert_cache_clean(cache_dir, env)

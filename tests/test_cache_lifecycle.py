@@ -16,7 +16,6 @@ import os
 import sqlite3
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -25,14 +24,15 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
-from support.cli import one_error_line
+from support.cli import one_error_line, run_cli
 from support.faultproxy import FaultProxy
+from support.objects import put_model
 from support.s3env import S3Env
 
 from modelsync.adapters.cache import Cache
 from modelsync.config import CacheBudget, Settings
 from modelsync.core.eviction import plan_named
-from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import open_catalog
 from modelsync.engine.events import NoEvents
@@ -80,11 +80,6 @@ def without_index(found: dict[str, tuple[int, int, float, int]]) -> dict[str, tu
     mode, size, _mtime, ino = kept[".modelsync"]
     kept[".modelsync"] = (mode, size, 0.0, ino)
     return kept
-
-
-def body_bytes(proxy: FaultProxy, match: str = "") -> int:
-    """Object body bytes served by presigned ranged GETs (not manifests or listings)."""
-    return sum(r.body_bytes_sent for r in proxy.requests(match, method="GET") if "X-Amz-Signature" in r.path)
 
 
 def md5_hex(data: bytes) -> str:
@@ -164,8 +159,6 @@ def cli_env(proxied_s3_env: S3Env) -> dict[str, str]:
     env = proxied_s3_env.subprocess_env()
     env["MODELSYNC_IN_USE_GRACE"] = "1s"
     env["MODELSYNC_PART_SIZE"] = "1Mi"  # the smallest part size allowed
-    for name in ("MODELSYNC_CACHE_MAX_BYTES", "MODELSYNC_CONFIG", "MODELSYNC_CACHE_DIR"):
-        env.pop(name, None)
     return env
 
 
@@ -174,13 +167,7 @@ def run(cache_dir: Path, cli_env: dict[str, str]) -> Callable[..., subprocess.Co
     """Run `modelsync <args> --cache-dir <cache>` in a child process; `env=` adds variables."""
 
     def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "modelsync", *args, "--cache-dir", str(cache_dir)],
-            env={**cli_env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return run_cli({**cli_env, **(env or {})}, *args, cache_dir=cache_dir, timeout_s=60)
 
     return invoke
 
@@ -190,9 +177,7 @@ def upload(s3_client: BaseClient, bucket: str) -> Callable[..., Model]:
     """Put a model's files in the bucket (single PUTs: their ETags are MD5s of the bytes)."""
 
     def put(prefix: str, files: dict[str, bytes]) -> Model:
-        for name, data in files.items():
-            s3_client.put_object(Bucket=bucket, Key=prefix + name, Body=data)
-        return Model(parse_source(f"s3://{bucket}/{prefix}"), files)
+        return Model(put_model(s3_client, bucket, prefix, files), files)
 
     return put
 
@@ -556,8 +541,8 @@ def test_a_second_revision_hard_links_a_shared_file_instead_of_fetching_it(
     two = os.stat(cache.ready_path(rev2.ref) / "shared.bin")
     assert (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
     assert one.st_nlink == 2
-    assert body_bytes(fault_proxy, "rev2/shared.bin") == 0
-    assert body_bytes(fault_proxy) == len(rev2.files["only2.bin"])
+    assert fault_proxy.object_bytes_sent("rev2/shared.bin") == 0
+    assert fault_proxy.object_bytes_sent() == len(rev2.files["only2.bin"])
     assert_present(cache, rev2)
 
 
@@ -633,8 +618,8 @@ def test_verify_full_quarantines_a_corrupted_model_and_repair_fetches_only_the_b
     assert repaired.returncode == 0, repaired.stderr
     assert f"repaired {model.name}" in repaired.stdout
     assert f"3 files, {format_bytes(768 * KiB)} to fetch" in repaired.stderr, "only the bad file is announced"
-    assert body_bytes(fault_proxy, "b.bin") == len(model.files["b.bin"])
-    assert body_bytes(fault_proxy) == len(model.files["b.bin"])
+    assert fault_proxy.object_bytes_sent("b.bin") == len(model.files["b.bin"])
+    assert fault_proxy.object_bytes_sent() == len(model.files["b.bin"])
     assert_present(cache, model)
     assert models_of(ls_json(run))[model.name]["state"] == "ready"
     assert run("verify", model.name, "--full").returncode == 0
@@ -682,7 +667,7 @@ def test_a_warm_pull_that_finds_a_damaged_file_fetches_only_that_file(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == str(cache.ready_path(model.ref))
     assert object_gets(fault_proxy) == {"b.bin"}
-    assert body_bytes(fault_proxy) == len(model.files["b.bin"])
+    assert fault_proxy.object_bytes_sent() == len(model.files["b.bin"])
     assert f"3 files, {format_bytes(768 * KiB)} to fetch" in result.stderr
     assert_present(cache, model)
     assert os.stat(cache.ready_path(model.ref) / "a.bin").st_ino == intact, "the intact file was kept"
@@ -716,7 +701,7 @@ def test_pull_verify_records_the_verification_or_fetches_only_the_file_it_finds_
     assert repaired.returncode == 0, repaired.stderr
     assert f"warning: {model.name}/b.bin: xxh3-128" in repaired.stderr
     assert object_gets(fault_proxy) == {"b.bin"}
-    assert body_bytes(fault_proxy) == len(model.files["b.bin"])
+    assert fault_proxy.object_bytes_sent() == len(model.files["b.bin"])
     assert_present(cache, model)
     assert run("verify", model.name, "--full").returncode == 0
 

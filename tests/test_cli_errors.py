@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +22,7 @@ from typing import Literal
 
 import pytest
 from botocore.client import BaseClient
+from support.cli import run_cli
 from support.faultproxy import FaultProxy
 from support.motoserver import SubprocessMoto
 from support.s3env import S3Env
@@ -56,14 +56,6 @@ NO_SPACE = (
     "from modelsync.__main__ import main\n"
     "main()\n"
 )
-
-
-def run_cli(
-    args: list[str], env: dict[str, str], code: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`modelsync ARGS...` (the command first), like the console script."""
-    prefix = [sys.executable, "-c", code] if code else [sys.executable, "-m", "modelsync"]
-    return subprocess.run([*prefix, *args], env=env, capture_output=True, text=True, timeout=90)
 
 
 def assert_user_error(
@@ -127,7 +119,7 @@ def test_cli_pull_prints_the_ready_path_last_and_a_warm_pull_needs_no_network_no
     s3_client.put_object(Bucket=bucket, Key=PREFIX + "config.json", Body=b"{}")
     args = ["pull", f"s3://{bucket}/{PREFIX}", "--cache-dir", str(cache), "--part-size", "1Mi"]
 
-    cold = run_cli(args, s3_env.subprocess_env())
+    cold = run_cli(s3_env.subprocess_env(), *args)
 
     assert cold.returncode == 0, cold.stderr
     ready = cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path
@@ -138,7 +130,7 @@ def test_cli_pull_prints_the_ready_path_last_and_a_warm_pull_needs_no_network_no
 
     dead = s3_env.via("http://127.0.0.1:9").subprocess_env()
     started = time.monotonic()
-    warm = run_cli([*args, "--endpoint-url", "http://127.0.0.1:9"], dead, code=REPORT_IMPORTS)
+    warm = run_cli(dead, *args, "--endpoint-url", "http://127.0.0.1:9", code=REPORT_IMPORTS)
     warm_s = time.monotonic() - started
 
     assert warm.returncode == 0, warm.stderr
@@ -557,7 +549,7 @@ def test_a_user_mistake_gives_one_error_line_its_documented_code_and_leaves_noth
         mistake.arrange(world)
     had_cache = cache.exists()
 
-    done = run_cli([a.format(**values) for a in mistake.argv], {**env, **mistake.env}, mistake.python)
+    done = run_cli({**env, **mistake.env}, *[a.format(**values) for a in mistake.argv], code=mistake.python)
 
     assert_user_error(
         done, mistake.code, *(m.format(**values) for m in mistake.mentions), stdout=mistake.stdout
@@ -579,7 +571,7 @@ def test_cli_pull_from_an_unreachable_endpoint_exits_7_within_a_bounded_time(
 ) -> None:
     env = S3Env(f"http://127.0.0.1:{closed_port()}").subprocess_env()
     started = time.monotonic()
-    done = run_cli(["pull", "s3://models/org/m/", "--cache-dir", str(cache), "-q"], env)
+    done = run_cli(env, "pull", "s3://models/org/m/", "--cache-dir", str(cache), "-q")
     elapsed_s = time.monotonic() - started
     record_property("cli_unreachable_s", round(elapsed_s, 2))
     print(f"CLI, unreachable endpoint: exit {done.returncode} after {elapsed_s:.2f} s")

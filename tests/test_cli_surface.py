@@ -14,13 +14,13 @@ import os
 import shutil
 import ssl
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import SSLError
+from support.cli import run_cli
 from support.s3env import S3Env
 
 from modelsync.adapters.s3 import open_s3, s3_errors
@@ -40,22 +40,9 @@ def cache(tmp_path: Path) -> Path:
 def cli(child_env: dict[str, str]) -> Run:
     """`modelsync ARGS...` in a child process on moto; `env=` adds variables. Nothing is in use for long."""
     base = {**child_env, "MODELSYNC_IN_USE_GRACE": "0"}
-    for name in (
-        "MODELSYNC_CACHE_MAX_BYTES",
-        "MODELSYNC_CONFIG",
-        "MODELSYNC_CACHE_DIR",
-        "MODELSYNC_MAX_BANDWIDTH",
-    ):
-        base.pop(name, None)
 
     def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "modelsync", *args],
-            env={**base, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return run_cli({**base, **(env or {})}, *args, timeout_s=120)
 
     return invoke
 

@@ -9,194 +9,27 @@ checked, not just names.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from support.cli import run_cli
+from support.daemon import POOL, ConfigMapDir, Daemon, schedule_text
 from support.faultproxy import FaultProxy
+from support.objects import payload, upload
 from support.s3env import S3Env
+from support.waiting import wait_for
 
 from modelsync.adapters.cache import STATE_DIR
 from modelsync.core.units import format_bytes
 
-POOL = "test-pool"
 MiB = 1024 * 1024
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def payload(size: int, seed: int) -> bytes:
-    block = hashlib.sha256(f"seed-{seed}".encode()).digest() * (64 * 1024 // 32)
-    return (block * (size // len(block) + 1))[:size]
-
-
-def upload(env: S3Env, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
-    client = env.boto3_client()
-    try:
-        if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
-            client.create_bucket(Bucket=bucket)
-        for name, data in files.items():
-            client.put_object(Bucket=bucket, Key=prefix + name, Body=data)
-    finally:
-        client.close()
-
-
-def schedule_text(models: list[tuple[str, str, str]]) -> str:
-    """(name, source, window) entries; window is 'soon' (prefetch now), 'later', 'always',
-    'closed' (a one-minute window that closed 2-3 minutes ago, so its keep of 1m has passed)
-    or 'kept' (the same window with a keep of 1h, so the model is still protected)."""
-    soon = (datetime.now(UTC) + timedelta(minutes=3)).replace(second=0, microsecond=0)
-    past = soon - timedelta(minutes=6)
-    closed = f'[{{cron: "{past.minute} {past.hour} * * *", duration: 1m}}]'
-    windows = {
-        "soon": f'[{{cron: "{soon.minute} {soon.hour} * * *", duration: 10m}}]',
-        "later": f'[{{cron: "{soon.minute} {(soon.hour + 12) % 24} * * *", duration: 10m}}]',
-        "always": "[always]",
-        "closed": closed,
-        "kept": closed,
-    }
-    lines = ["version: 1", "timezone: UTC", "defaults: {lead: 10m, keep: 1m}"]
-    lines.append("models:" if models else "models: []")
-    for name, source, window in models:
-        lines += [f"  - name: {name}", f"    source: {source}", f"    pools: [{POOL}]"]
-        lines.append(f"    windows: {windows[window]}")
-        if window == "kept":
-            lines.append("    keep: 1h")
-    return "\n".join(lines) + "\n"
-
-
-class ConfigMapDir:
-    """Laid out like a mounted ConfigMap: schedule.yaml -> ..data/schedule.yaml, ..data -> ..v<n>."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.version = 0
-        root.mkdir()
-        (root / "schedule.yaml").symlink_to("..data/schedule.yaml")
-
-    @property
-    def path(self) -> Path:
-        return self.root / "schedule.yaml"
-
-    def write(self, text: str) -> None:
-        """Swap the `..data` symlink atomically to a new version directory, as the kubelet does."""
-        self.version += 1
-        version_dir = self.root / f"..v{self.version}"
-        version_dir.mkdir()
-        (version_dir / "schedule.yaml").write_text(text)
-        temp = self.root / "..data_tmp"
-        temp.symlink_to(version_dir.name)
-        os.replace(temp, self.root / "..data")
-
-
-class Daemon:
-    """`modelsync daemon` in a child process; its JSON logs go to a file the test reads."""
-
-    def __init__(self, cache: Path, schedule: Path, env: dict[str, str], *extra: str) -> None:
-        self.cache = cache
-        self.log_path = cache.parent / "daemon.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "modelsync", "daemon", "--schedule", str(schedule), "--pool", POOL,
-             "--listen", "127.0.0.1:0", "--tick", "1s", "--jitter", "0", "--json-logs",
-             "--cache-dir", str(cache), *extra],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-        )
-        try:
-            entry = self.wait_for_log(lambda e: "url" in e, timeout_s=20)
-        except BaseException:
-            self.stop()
-            raise
-        self.url = str(entry["url"])
-
-    def logs(self) -> list[dict[str, object]]:
-        entries = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                entries.append({"msg": line, "level": "raw"})
-        return entries
-
-    def wait_for_log(
-        self, match: Callable[[dict[str, object]], bool], timeout_s: float = 15
-    ) -> dict[str, object]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for entry in self.logs():
-                if match(entry):
-                    return entry
-            if self.process.poll() is not None:
-                raise AssertionError(f"daemon exited {self.process.returncode}: {self.log_path.read_text()}")
-            time.sleep(0.1)
-        raise AssertionError(f"no matching log line within {timeout_s} s: {self.log_path.read_text()}")
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with _DIRECT.open(self.url + path, timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        status, text = self.get("/metrics")
-        assert status == 200
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        return self.metrics().get((name, tuple(sorted(labels.items()))))
-
-    def stop(self) -> tuple[int, float]:
-        """SIGTERM; the exit code and how long it took to exit."""
-        started = time.monotonic()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if not self._log.closed:
-            self._log.close()
-        return self.process.returncode, time.monotonic() - started
-
-
-@pytest.fixture
-def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
-
-    def start(schedule: Path, env: dict[str, str], *extra: str) -> Daemon:
-        daemon = Daemon(tmp_path / "cache", schedule, env, *extra)
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.stop()
-
-
-def wait_until(condition: Callable[[], object], timeout_s: float = 20, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout_s} s")
 
 
 # ---- tests ----------------------------------------------------------------------------
@@ -212,9 +45,9 @@ def test_daemon_stages_a_model_before_its_window_and_reports_it_in_metrics(
     daemon = start_daemon(schedule, moto_subprocess_s3_env.subprocess_env())
 
     ready = tmp_path / "cache/models/org/m1/r1"
-    wait_until(lambda: (ready / "weights.bin").exists(), what="the model is staged")
+    wait_for(lambda: (ready / "weights.bin").exists(), what="the model is staged")
     assert (ready / "weights.bin").read_bytes() == files["weights.bin"]
-    wait_until(lambda: daemon.metric("modelsync_pull_duration_seconds_count") == 1, what="pull counted")
+    wait_for(lambda: daemon.metric("modelsync_pull_duration_seconds_count") == 1, what="pull counted")
 
     assert daemon.get("/healthz")[0] == 200
     assert daemon.get("/readyz")[0] == 200
@@ -223,7 +56,7 @@ def test_daemon_stages_a_model_before_its_window_and_reports_it_in_metrics(
     assert daemon.metric("modelsync_fetched_bytes_total") == total
     margin = daemon.metric("modelsync_ready_before_window_seconds", model="m1")
     assert margin is not None and 60 < margin < 200, "ready 1-3 minutes before the window opens"
-    wait_until(
+    wait_for(
         lambda: daemon.metric("modelsync_models", state="prefetch", staged="true") == 1,
         what="the staged model is counted by state",
     )
@@ -246,15 +79,15 @@ def test_daemon_reloads_a_swapped_schedule_and_keeps_the_last_good_one_when_the_
     configmap = ConfigMapDir(tmp_path / "etc")
     configmap.write(schedule_text([("m2", "s3://models/org/m2/r1/", "later")]))
     daemon = start_daemon(configmap.path, moto_subprocess_s3_env.subprocess_env())
-    wait_until(lambda: daemon.get("/readyz")[0] == 200, what="ready")
+    wait_for(lambda: daemon.get("/readyz")[0] == 200, what="ready")
     assert daemon.metric("modelsync_models", state="upcoming", staged="false") == 1
 
     configmap.write(schedule_text([("m2", "s3://models/org/m2/r1/", "soon")]))
     staged = tmp_path / "cache/models/org/m2/r1/w.bin"
-    wait_until(staged.exists, what="the reloaded schedule is acted on")
+    wait_for(staged.exists, what="the reloaded schedule is acted on")
 
     configmap.write("version: 1\nmodels:\n  - source: s3://models/org/m2/r1/\n    pools: [x]\n    bogus: 1\n")
-    wait_until(
+    wait_for(
         lambda: daemon.metric("modelsync_schedule_load_errors_total", code="bad_schedule") == 1,
         what="the refused schedule is counted",
     )
@@ -284,7 +117,7 @@ def test_prefetch_goes_through_the_socket_and_a_concurrent_pull_attaches_without
         queued = run_cli(env, "prefetch", "--no-wait", "models/org/m3/r1", *cache)
         assert queued.returncode == 0, queued.stderr
         assert "queued by the daemon" in queued.stderr
-        wait_until(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) > 0, what="the daemon pulls")
+        wait_for(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) > 0, what="the daemon pulls")
 
         pulled = run_cli(env, "pull", "s3://models/org/m3/r1/", "--quiet", *cache)
         assert pulled.returncode == 0, pulled.stderr
@@ -307,7 +140,7 @@ def test_daemon_stops_within_10s_of_sigterm_mid_pull_and_leaves_a_journal_to_res
     schedule.write_text(schedule_text([("m4", "s3://models/org/m4/r1/", "always")]))
     env = moto_subprocess_s3_env.subprocess_env()
     daemon = start_daemon(schedule, env, "--max-bandwidth", "2Mi/s", "--part-size", "1Mi")
-    wait_until(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) >= 2 * MiB, what="the pull runs")
+    wait_for(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) >= 2 * MiB, what="the pull runs")
 
     code, seconds = daemon.stop()
     assert code == 0
@@ -339,7 +172,7 @@ def test_daemon_stops_within_its_grace_of_sigterm_while_every_transfer_hangs(
         def hanging() -> int:
             return len([r for r in proxy.requests("weights.bin", "GET") if r.body_bytes_sent and not r.done])
 
-        wait_until(lambda: hanging() >= 4, what="every transfer hangs")
+        wait_for(lambda: hanging() >= 4, what="every transfer hangs")
         time.sleep(0.3)
 
         code, seconds = daemon.stop()
@@ -360,7 +193,7 @@ def test_daemon_stays_healthy_and_ready_while_s3_is_unreachable(
     schedule.write_text(schedule_text([("m5", "s3://models/org/m5/r1/", "always")]))
     env = S3Env("http://127.0.0.1:9").subprocess_env()  # the discard port: nothing listens
     daemon = start_daemon(schedule, env)
-    wait_until(
+    wait_for(
         lambda: (daemon.metric("modelsync_pull_failures_total", code="remote_unavailable") or 0) >= 1,
         timeout_s=30,
         what="the failed attempt is counted",
@@ -409,7 +242,7 @@ def test_an_unsigned_model_the_schedule_requires_signed_is_refused_counted_and_l
     )
     daemon = start_daemon(schedule, moto_subprocess_s3_env.subprocess_env())
 
-    wait_until(
+    wait_for(
         lambda: (daemon.metric("modelsync_pull_failures_total", code="unsigned_model") or 0) >= 1,
         timeout_s=30,
         what="the refusal is counted",
@@ -459,13 +292,13 @@ def test_daemon_evicts_a_model_past_its_keep_time_to_stage_the_next_and_counts_t
     )
     daemon = start_daemon(schedule, env)
 
-    wait_until(lambda: (cache / "models/org/b/r1/w.bin").exists(), what="b is staged")
+    wait_for(lambda: (cache / "models/org/b/r1/w.bin").exists(), what="b is staged")
     assert not (cache / "models/org/a/r1").exists(), "a made room for b"
-    wait_until(lambda: daemon.metric("modelsync_evictions_total") == 1, what="the eviction is counted")
+    wait_for(lambda: daemon.metric("modelsync_evictions_total") == 1, what="the eviction is counted")
     evicted = daemon.wait_for_log(lambda e: "evicted" in e)
     assert evicted["evicted"] == ["models/org/a/r1"] and evicted["model"] == "b"
     assert daemon.metric("modelsync_fetched_bytes_total") == 2 * MiB
-    wait_until(lambda: daemon.metric("modelsync_cache_used_bytes") == 2 * MiB, what="the cache is re-read")
+    wait_for(lambda: daemon.metric("modelsync_cache_used_bytes") == 2 * MiB, what="the cache is re-read")
     assert daemon.metric("modelsync_schedule_fits_budget") == 1
     assert "_created" not in daemon.get("/metrics")[1], "no _created twin series"
     assert daemon.stop()[0] == 0
@@ -518,7 +351,7 @@ def test_a_foreground_pull_pauses_the_daemons_prefetch_which_then_resumes_from_i
         daemon = start_daemon(
             schedule, env, "--max-bandwidth", "2Mi/s", "--part-size", "1Mi", "--concurrency", "1"
         )
-        wait_until(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) >= 2 * MiB, what="prefetch")
+        wait_for(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) >= 2 * MiB, what="prefetch")
 
         foreground = subprocess.Popen(
             [sys.executable, "-m", "modelsync", "pull", "s3://models/org/fg/r1/", "--quiet",
@@ -526,7 +359,7 @@ def test_a_foreground_pull_pauses_the_daemons_prefetch_which_then_resumes_from_i
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         try:
-            wait_until(lambda: daemon.metric("modelsync_prefetch_paused") == 1, what="the prefetch pauses")
+            wait_for(lambda: daemon.metric("modelsync_prefetch_paused") == 1, what="the prefetch pauses")
             daemon.wait_for_log(lambda e: "resumes later" in str(e.get("msg")))
             paused_at = daemon.metric("modelsync_fetched_bytes_total")
             time.sleep(0.7)
@@ -540,7 +373,7 @@ def test_a_foreground_pull_pauses_the_daemons_prefetch_which_then_resumes_from_i
         assert foreground.returncode == 0, err
         assert out.strip() == str(cache / "models/org/fg/r1")
 
-        wait_until(lambda: (cache / "models/org/slow/r1/slow.bin").exists(), what="the prefetch resumes")
+        wait_for(lambda: (cache / "models/org/slow/r1/slow.bin").exists(), what="the prefetch resumes")
         assert (cache / "models/org/slow/r1/slow.bin").read_bytes() == payload(size, 7)
         assert daemon.metric("modelsync_prefetch_paused") == 0
         # a refetch from scratch would add the 2+ MiB fetched before the pause; a resume
@@ -610,7 +443,7 @@ def test_ls_plan_evict_and_the_daemon_agree_on_revisions_that_share_files(
     assert f"used of a 4.0 MiB budget (over by {format_bytes(2 * config_bytes)})," in over_ls
 
     daemon = start_daemon(schedule, env)
-    wait_until(lambda: daemon.metric("modelsync_cache_used_bytes") == used, what="the cache is counted")
+    wait_for(lambda: daemon.metric("modelsync_cache_used_bytes") == used, what="the cache is counted")
     assert daemon.metric("modelsync_schedule_fits_budget") == 1
     assert daemon.metric("modelsync_cache_budget_bytes") == 5 * MiB
     assert not [e for e in daemon.logs() if e.get("code") == "over_budget"]
@@ -639,7 +472,7 @@ def test_the_daemons_refresh_checks_do_not_count_as_uses_of_a_model(
 
     daemon = start_daemon(schedule, env, "--refresh", "1s")
     # one pull at a time: a second check has started only once the first has finished
-    wait_until(lambda: sum("refresh check of" in str(e.get("msg")) for e in daemon.logs()) >= 2,
+    wait_for(lambda: sum("refresh check of" in str(e.get("msg")) for e in daemon.logs()) >= 2,
                what="two refresh checks")
 
     assert abs(used_marker.stat().st_mtime - hours_ago) < 1

@@ -26,9 +26,9 @@ import certifi
 import pytest
 import yaml
 from support.kube import by_name, cluster, pod_spec, rendered_job
+from support.objects import payload, upload
 from support.s3env import S3Env
 from support.safetensors import shard
-from test_daemon import payload, upload
 
 from modelsync.errors import ExitCode
 

@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
 from support.cli import sigkill_when
 from support.faultproxy import FaultProxy
+from support.objects import put_model
 from support.s3env import S3Env
 from support.safetensors import shard
 
@@ -36,34 +35,6 @@ MODELSYNC = [sys.executable, "-m", "modelsync"]
 def payload(size: int) -> bytes:
     """Random bytes: every part differs, so a part written at the wrong offset shows."""
     return os.urandom(size)
-
-
-@pytest.fixture
-def proxy_to_child_moto(moto_subprocess_s3_env: S3Env) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_subprocess_s3_env.endpoint_url) as proxy:
-        yield proxy
-
-
-@pytest.fixture
-def child_s3(moto_subprocess_s3_env: S3Env) -> Iterator[BaseClient]:
-    client = moto_subprocess_s3_env.boto3_client()
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def arrange_model(client: BaseClient, files: dict[str, bytes]) -> str:
-    bucket = f"crash-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=bucket)
-    for name, data in files.items():
-        client.put_object(Bucket=bucket, Key=PREFIX + name, Body=data)
-    return bucket
-
-
-def body_bytes(proxy: FaultProxy) -> int:
-    """Bytes of object bodies served (presigned ranged GETs), not manifests or listings."""
-    return sum(r.body_bytes_sent for r in proxy.requests(method="GET") if "X-Amz-Signature" in r.path)
 
 
 def journal_parts(cache: Path) -> list[dict[str, object]]:
@@ -102,15 +73,15 @@ def kill_after_parts(command: list[str], env: dict[str, str], cache: Path, parts
 def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
     tmp_path: Path,
     moto_subprocess_s3_env: S3Env,
-    proxy_to_child_moto: FaultProxy,
-    child_s3: BaseClient,
+    moto_subprocess_proxy: FaultProxy,
+    moto_subprocess_client: BaseClient,
 ) -> None:
     # Valid shards (random tensor bytes): the pull's final check scrubs their headers.
     files = {"model-00001.safetensors": shard(16 * MiB), "model-00002.safetensors": shard(8 * MiB)}
     total = sum(len(d) for d in files.values())
-    bucket = arrange_model(child_s3, files)
+    bucket = put_model(moto_subprocess_client, "crash", PREFIX, files).bucket
     cache = tmp_path / "cache"
-    env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
+    env = moto_subprocess_s3_env.via(moto_subprocess_proxy.endpoint_url).subprocess_env()
     ready = cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path
 
     slow = pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2", "--quiet")
@@ -122,10 +93,10 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
     assert list(staging.glob("*.journal")) and [p for p in staging.iterdir() if p.is_dir()]
     done = {(str(r["part"]), r["i"]) for r in journal_parts(cache)}
     assert 2 <= len(done) < total // MiB
-    first_run_bytes = body_bytes(proxy_to_child_moto)
+    first_run_bytes = moto_subprocess_proxy.object_bytes_sent()
     assert first_run_bytes < total
 
-    proxy_to_child_moto.clear()
+    moto_subprocess_proxy.clear()
     started = time.monotonic()
     again = subprocess.run(
         pull_command(bucket, cache, "--quiet"), env=env, capture_output=True, text=True, timeout=60
@@ -135,7 +106,7 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1] == str(ready)
     # Exactly the parts the journal did not record were fetched again (1 MiB each).
-    assert body_bytes(proxy_to_child_moto) == total - len(done) * MiB
+    assert moto_subprocess_proxy.object_bytes_sent() == total - len(done) * MiB
     for name, data in files.items():
         assert (ready / name).read_bytes() == data
     assert list(staging.iterdir()) == []
@@ -145,14 +116,14 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
 def test_two_concurrent_pulls_of_one_model_download_it_once_and_print_the_same_path(
     tmp_path: Path,
     moto_subprocess_s3_env: S3Env,
-    proxy_to_child_moto: FaultProxy,
-    child_s3: BaseClient,
+    moto_subprocess_proxy: FaultProxy,
+    moto_subprocess_client: BaseClient,
 ) -> None:
     files = {"weights.bin": payload(8 * MiB), "config.json": b'{"layers": 2}'}
     total = sum(len(d) for d in files.values())
-    bucket = arrange_model(child_s3, files)
+    bucket = put_model(moto_subprocess_client, "crash", PREFIX, files).bucket
     cache = tmp_path / "cache"
-    env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
+    env = moto_subprocess_s3_env.via(moto_subprocess_proxy.endpoint_url).subprocess_env()
     command = pull_command(bucket, cache, "--max-bandwidth", "4Mi")
 
     pullers = [
@@ -166,7 +137,7 @@ def test_two_concurrent_pulls_of_one_model_download_it_once_and_print_the_same_p
     assert [out.splitlines()[-1] for out, _err in outputs] == [ready, ready]
     # One of them waited on the other's lock instead of downloading a second copy.
     assert any("waiting for" in err for _out, err in outputs), outputs
-    assert body_bytes(proxy_to_child_moto) == total
+    assert moto_subprocess_proxy.object_bytes_sent() == total
     for name, data in files.items():
         assert (Path(ready) / name).read_bytes() == data
 
@@ -186,18 +157,18 @@ def test_a_resume_says_when_it_keeps_the_part_size_of_the_interrupted_pull(
     resume_with: str | None,
     tmp_path: Path,
     moto_subprocess_s3_env: S3Env,
-    proxy_to_child_moto: FaultProxy,
-    child_s3: BaseClient,
+    moto_subprocess_proxy: FaultProxy,
+    moto_subprocess_client: BaseClient,
 ) -> None:
     files = {"weights.bin": payload(12 * MiB)}
-    bucket = arrange_model(child_s3, files)
+    bucket = put_model(moto_subprocess_client, "crash", PREFIX, files).bucket
     cache = tmp_path / "cache"
-    env = moto_subprocess_s3_env.via(proxy_to_child_moto.endpoint_url).subprocess_env()
+    env = moto_subprocess_s3_env.via(moto_subprocess_proxy.endpoint_url).subprocess_env()
     env.pop("MODELSYNC_PART_SIZE", None)
     slow = pull_command(bucket, cache, "--max-bandwidth", "4Mi", "--concurrency", "2")
     assert kill_after_parts(slow, env, cache, parts=2) == -signal.SIGKILL
     done = len(journal_parts(cache))
-    proxy_to_child_moto.clear()
+    moto_subprocess_proxy.clear()
 
     flags = ["--part-size", resume_with] if resume_with else []
     command = [*pull_command(bucket, cache), *flags, "--quiet"]
@@ -216,8 +187,8 @@ def test_a_resume_says_when_it_keeps_the_part_size_of_the_interrupted_pull(
             f"started, to keep their written parts; {wanted} applies to the others"
         ]
     # what is written is kept: only the missing 1 MiB parts were fetched
-    assert sorted(set(get_lengths(proxy_to_child_moto))) == [MiB]
-    assert len(get_lengths(proxy_to_child_moto)) == 12 - done
+    assert sorted(set(get_lengths(moto_subprocess_proxy))) == [MiB]
+    assert len(get_lengths(moto_subprocess_proxy)) == 12 - done
     ready = cache / parse_source(f"s3://{bucket}/{PREFIX}").cache_path
     assert (ready / "weights.bin").read_bytes() == files["weights.bin"]
 

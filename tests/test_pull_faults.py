@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 from botocore.client import BaseClient
 from support.faultproxy import FaultProxy, RequestRecord
+from support.objects import payload
 from support.s3env import S3Env
+from support.waiting import wait_for
 
 import modelsync.adapters.cache as cache_adapter
 import modelsync.adapters.ranged_http as ranged_http
@@ -58,12 +60,6 @@ KEY_NAME = "weights.bin"
 
 
 # ---- helpers --------------------------------------------------------------------------
-
-
-def payload(size: int, seed: int = 0) -> bytes:
-    """Deterministic bytes that differ per seed at every offset (so a mixed file is visible)."""
-    block = hashlib.sha256(f"seed-{seed}".encode()).digest() * (64 * 1024 // 32)
-    return (block * (size // len(block) + 1))[:size]
 
 
 def model_ref(bucket: str) -> ModelRef:
@@ -129,14 +125,6 @@ def pulling_in_background(settings: Settings, ref: ModelRef) -> Iterator[Future[
     """Run a pull in a thread, so the test can change S3 while it is in flight."""
     with ThreadPoolExecutor(1) as pool:
         yield pool.submit(pull, settings, ref, NoEvents())
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # ---- fixtures -------------------------------------------------------------------------

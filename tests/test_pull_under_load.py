@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 import pytest
 from botocore.client import BaseClient
 from support.faultproxy import REDIRECT_ENDPOINT, REDIRECT_REGION, FaultProxy
+from support.objects import payload, put_model
 from support.s3env import S3Env
 from support.tinyproxy import TinyProxy, tinyproxy_binary
 
@@ -29,16 +30,6 @@ from modelsync.engine.pull import pull
 MiB = 1024 * 1024
 PART = MiB
 PREFIX = "org/model/rev1/"
-
-
-def payload(size: int, seed: int) -> bytes:
-    block = bytes((i * 31 + seed) % 251 for i in range(4096))
-    return (block * (size // len(block) + 1))[:size]
-
-
-def put_model(s3_client: BaseClient, bucket: str, files: dict[str, bytes]) -> None:
-    for name, data in files.items():
-        s3_client.put_object(Bucket=bucket, Key=PREFIX + name, Body=data)
 
 
 def assert_pulled(settings: Settings, bucket: str, files: dict[str, bytes]) -> None:
@@ -91,7 +82,7 @@ def test_a_pull_rides_out_eight_seconds_of_slow_down_on_every_get_with_correct_b
     listing too, so the pull first waits in the control plane.
     """
     files = {f"weights-{i}.bin": payload(4 * PART + 77 * i, i) for i in range(3)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     settings = settings_via(fault_proxy.endpoint_url, backoff_floor_s=1.0)  # type: ignore[operator]
     fault_proxy.sustain("status503", 8.0, match="weights-" if scope == "data-gets" else f"/{bucket}")
     started = time.monotonic()
@@ -113,7 +104,7 @@ def test_a_part_honours_retry_after_above_its_own_backoff(
     settings_via: object, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
 ) -> None:
     files = {"small.bin": payload(PART, 3)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     fault_proxy.add_fault("status503", match="small.bin", arg=1.5)  # Retry-After: 1.5
     settings = settings_via(fault_proxy.endpoint_url)  # type: ignore[operator]  # backoff floor 0.02 s
     started = time.monotonic()
@@ -134,7 +125,7 @@ def test_one_throttled_answer_holds_every_file_of_the_pull_at_the_shared_gate(
     with, most of both files' parts are still to be sent when the 503 comes back.
     """
     files = {"a.bin": payload(8 * PART, 10), "b.bin": payload(8 * PART, 11)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     fault_proxy.add_fault("status503", match=".bin", arg=2.0)  # Retry-After: 2
     settings = settings_via(fault_proxy.endpoint_url, concurrency=2)  # type: ignore[operator]
 
@@ -157,7 +148,7 @@ def test_a_cli_pull_says_once_that_the_store_throttles(
     tmp_path: Path, proxied_s3_env: S3Env, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
 ) -> None:
     files = {"weights.bin": payload(2 * PART, 13)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     fault_proxy.add_fault("status503", match="weights.bin", times=4)
     env = proxied_s3_env.subprocess_env()
     env["MODELSYNC_BACKOFF_FLOOR"] = "0.02"
@@ -218,7 +209,7 @@ def test_credentials_that_expire_mid_pull_are_resolved_again_and_the_pull_succee
     expiring_credentials: Path,
 ) -> None:
     files = {"weights.bin": payload(8 * PART + 5, 1)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     settings = settings_via(fault_proxy.endpoint_url, max_bandwidth_bytes_per_s=3 * MiB)  # type: ignore[operator]
 
     def expire_first_token() -> None:
@@ -252,7 +243,7 @@ def test_a_listing_refused_for_an_expired_token_is_sent_again_with_fresh_credent
     expiring_credentials: Path,
 ) -> None:
     files = {"weights.bin": payload(PART, 12)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     fault_proxy.add_fault("expired_token", match="list-type=2")
     settings = settings_via(fault_proxy.endpoint_url)  # type: ignore[operator]
 
@@ -272,7 +263,7 @@ def test_credentials_about_to_expire_are_replaced_before_the_store_refuses_them(
     store refuses the first one from 6 s on. URLs live 2 s and are signed again halfway, with
     the refreshed session: no request carries the first session that late."""
     files = {"weights.bin": payload(12 * PART, 8)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     with FaultProxy(s3_env.endpoint_url, enforce_presign_expiry=True) as proxy:
         settings = settings_via(  # type: ignore[operator]
             proxy.endpoint_url, presign_expiry_s=2.0, max_bandwidth_bytes_per_s=3 * MiB // 2, concurrency=2
@@ -300,7 +291,7 @@ def test_urls_are_signed_again_before_they_expire_during_a_long_pull(
     settings_via: object, s3_env: S3Env, s3_client: BaseClient, bucket: str
 ) -> None:
     files = {"weights.bin": payload(10 * PART, 2)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     with FaultProxy(s3_env.endpoint_url, enforce_presign_expiry=True) as proxy:
         settings = settings_via(  # type: ignore[operator]
             proxy.endpoint_url, presign_expiry_s=3.0, max_bandwidth_bytes_per_s=2 * MiB, concurrency=2
@@ -321,7 +312,7 @@ def test_a_model_without_a_manifest_in_a_bucket_named_like_ml_bucket_pulls_by_li
     bucket = f"ml-bucket-{uuid.uuid4().hex[:8]}"
     s3_client.create_bucket(Bucket=bucket)
     files = {"config.json": b"{}", "weights.bin": payload(2 * PART + 3, 5)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     settings = settings_via(s3_env.endpoint_url)  # type: ignore[operator]
 
     result = pull(settings, parse_source(f"s3://{bucket}/{PREFIX}"), NoEvents())
@@ -341,7 +332,7 @@ def test_a_cli_pull_goes_through_a_real_proxy_and_its_log_shows_every_ranged_get
     tmp_path: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
 ) -> None:
     files = {"weights.bin": payload(5 * PART + 9, 6)}
-    put_model(s3_client, bucket, files)
+    put_model(s3_client, bucket, PREFIX, files)
     with TinyProxy(tmp_path / "tinyproxy") as proxy:
         env = s3_env.subprocess_env()
         env.update({"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "NO_PROXY": "", "no_proxy": ""})
@@ -360,7 +351,7 @@ def test_a_cli_pull_goes_through_a_real_proxy_and_its_log_shows_every_ranged_get
 def test_no_proxy_sends_the_data_plane_direct_like_the_control_plane(
     tmp_path: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
 ) -> None:
-    put_model(s3_client, bucket, {"weights.bin": payload(PART, 7)})
+    put_model(s3_client, bucket, PREFIX, {"weights.bin": payload(PART, 7)})
     with TinyProxy(tmp_path / "tinyproxy") as proxy:
         env = s3_env.subprocess_env()  # NO_PROXY holds 127.0.0.1
         env.update({"HTTP_PROXY": proxy.url, "http_proxy": proxy.url})
@@ -375,7 +366,7 @@ def test_no_proxy_sends_the_data_plane_direct_like_the_control_plane(
 def test_a_redirected_pull_is_one_error_line_naming_where_the_bucket_lives(
     tmp_path: Path, proxied_s3_env: S3Env, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
 ) -> None:
-    put_model(s3_client, bucket, {"weights.bin": payload(PART, 9)})
+    put_model(s3_client, bucket, PREFIX, {"weights.bin": payload(PART, 9)})
     fault_proxy.add_fault("redirect", match="weights.bin", times=100)
     done = cli_pull(proxied_s3_env.subprocess_env(), bucket, tmp_path / "cache")
 

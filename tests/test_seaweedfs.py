@@ -33,7 +33,8 @@ from modelsync.core.manifest import MANIFEST_NAME
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.errors import ExitCode
 
-pytestmark = pytest.mark.seaweedfs
+# One SeaweedFS per worker is seconds of start-up: the tier runs on one worker.
+pytestmark = [pytest.mark.seaweedfs, pytest.mark.xdist_group("seaweedfs")]
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from support.cli import run_cli
 from support.s3env import S3Env
 from support.safetensors import header_bytes, safetensors_file
 from test_cli_errors import assert_user_error
@@ -200,12 +201,6 @@ def model_signing(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(MODEL_SIGNING), *args], capture_output=True, text=True, timeout=60)
 
 
-def cli(args: list[str], env: dict[str, str], code: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child process; `code` runs instead of `-m modelsync` (it must call main())."""
-    start = [sys.executable, "-c", code] if code else [sys.executable, "-m", "modelsync"]
-    return subprocess.run([*start, *args], env=env, capture_output=True, text=True, timeout=90)
-
-
 def signed_env(
     child_env: dict[str, str], cache: Path, public_key: Path, mode: str = "required"
 ) -> dict[str, str]:
@@ -245,7 +240,7 @@ def test_a_model_signed_on_publish_verifies_is_published_and_ls_names_its_signer
     cache = tmp_path / "cache"
     env = signed_env(child_env, cache, keys["release"].public)
 
-    done = cli(["pull", ref.uri, "--quiet"], env)
+    done = run_cli(env, "pull", ref.uri, "--quiet")
 
     assert done.returncode == 0, done.stderr
     ready = cache / ref.cache_path
@@ -255,11 +250,11 @@ def test_a_model_signed_on_publish_verifies_is_published_and_ls_names_its_signer
     assert (ready / SIG).is_file(), "the signature is kept beside the model for re-checks"
     signer = record_of(cache, ref)["signer"]
     assert isinstance(signer, str) and signer.startswith("key release.pub.pem (sha256:")
-    listing = cli(["ls"], env)
+    listing = run_cli(env, "ls")
     assert listing.returncode == 0 and "SIGNED BY" in listing.stdout and signer in listing.stdout
-    as_json = json.loads(cli(["ls", "--json"], env).stdout)
+    as_json = json.loads(run_cli(env, "ls", "--json").stdout)
     assert as_json["models"][0]["signer"] == signer
-    verified = cli(["verify", "--full", ref.model_id], env)
+    verified = run_cli(env, "verify", "--full", ref.model_id)
     assert verified.returncode == 0 and f"ok    {ref.model_id}" in verified.stdout, verified.stderr
 
 
@@ -271,11 +266,13 @@ def test_the_model_signing_command_verifies_what_publish_signed_both_in_the_cach
     s3_client: BaseClient,
 ) -> None:
     src = write_dir(tmp_path / "src", model_files())
-    done = cli(["publish", str(src), ref.uri, "--sign-key", str(keys["release"].private)], child_env)
+    done = run_cli(child_env, "publish", str(src), ref.uri, "--sign-key", str(keys["release"].private))
     assert done.returncode == 0, done.stderr
     assert f"signed as {ref.prefix}{SIG}" in done.stderr
     cache = tmp_path / "cache"
-    assert cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public)).returncode == 0
+    assert (
+        run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q").returncode == 0
+    )
     # A plain copy of the prefix, as any S3 tool would download it (manifest included).
     copy = tmp_path / "copy"
     for item in s3_client.list_objects_v2(Bucket=ref.bucket, Prefix=ref.prefix)["Contents"]:
@@ -313,7 +310,7 @@ def test_publish_with_an_unusable_key_fails_in_one_line_before_uploading_anythin
 ) -> None:
     src = write_dir(tmp_path / "src", model_files())
 
-    done = cli(["publish", str(src), ref.uri, "--sign-key", str(keys["release"].public)], child_env)
+    done = run_cli(child_env, "publish", str(src), ref.uri, "--sign-key", str(keys["release"].public))
 
     assert_user_error(done, ExitCode.USAGE, f"error: cannot sign with {keys['release'].public}: ")
     assert s3_client.list_objects_v2(Bucket=ref.bucket).get("KeyCount") == 0
@@ -334,7 +331,7 @@ def test_a_model_signed_by_the_model_signing_command_is_verified_by_pull(
     publish_dir(signed=False)  # unsigned publish: the existing model.sig is uploaded as it is
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q")
 
     assert done.returncode == 0, done.stderr
     assert str(record_of(cache, ref)["signer"]).startswith("key release.pub.pem")
@@ -347,19 +344,17 @@ def test_certificate_signing_verifies_against_the_chain_and_the_allowed_identity
     certs: CertSet,
 ) -> None:
     src = write_dir(tmp_path / "src", model_files())
-    done = cli(
-        [
-            "publish",
-            str(src),
-            ref.uri,
-            "--sign-key",
-            str(certs.key),
-            "--sign-cert",
-            str(certs.cert),
-            "--sign-chain",
-            str(certs.ca),
-        ],
+    done = run_cli(
         child_env,
+        "publish",
+        str(src),
+        ref.uri,
+        "--sign-key",
+        str(certs.key),
+        "--sign-cert",
+        str(certs.cert),
+        "--sign-chain",
+        str(certs.ca),
     )
     assert done.returncode == 0, done.stderr
     base = {
@@ -369,16 +364,20 @@ def test_certificate_signing_verifies_against_the_chain_and_the_allowed_identity
     }
 
     other = tmp_path / "other-cache"
-    refused = cli(
-        ["pull", ref.uri, "-q"],
+    refused = run_cli(
         {**base, "MODELSYNC_CACHE_DIR": str(other), "MODELSYNC_SIGNATURE_IDENTITIES": "ops@example.com"},
+        "pull",
+        ref.uri,
+        "-q",
     )
     assert_refused(refused, other, ref, "release@example.com", "not an allowed identity")
 
     cache = tmp_path / "cache"
-    done = cli(
-        ["pull", ref.uri, "-q"],
+    done = run_cli(
         {**base, "MODELSYNC_CACHE_DIR": str(cache), "MODELSYNC_SIGNATURE_IDENTITIES": "release@example.com"},
+        "pull",
+        ref.uri,
+        "-q",
     )
     assert done.returncode == 0, done.stderr
     assert record_of(cache, ref)["signer"] == "certificate release@example.com"
@@ -427,7 +426,7 @@ def test_a_file_the_signature_does_not_vouch_for_is_refused_naming_it_even_with_
     rewrite_manifest(s3_client, ref, changes)
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q")
 
     assert_refused(done, cache, ref, *mentions)
 
@@ -464,7 +463,7 @@ def test_a_swapped_signature_is_refused(
     rewrite_manifest(s3_client, ref, {SIG: (publish_other / SIG).read_bytes()})
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q")
 
     if swap.startswith("signed by"):
         assert_refused(done, cache, ref, f"{ref.uri}{SIG}", "is not signed by a trusted key")
@@ -482,7 +481,7 @@ def test_an_unsigned_model_under_required_is_refused_before_any_download(
     publish_dir(signed=False)
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q")
 
     assert_refused(done, cache, ref, f"{ref.uri} is unsigned", SIG)
     staging = Cache(cache).staging_dir
@@ -499,7 +498,7 @@ def test_if_present_pulls_an_unsigned_model_and_records_no_signer(
     publish_dir(signed=False)
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public, "if-present"))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public, "if-present"), "pull", ref.uri, "-q")
 
     assert done.returncode == 0, done.stderr
     assert "signer" not in record_of(cache, ref)
@@ -524,7 +523,7 @@ def test_a_rule_for_a_prefix_overrides_the_global_policy(
     )
     env = {**child_env, "MODELSYNC_CACHE_DIR": str(cache), "MODELSYNC_CONFIG": str(config)}
 
-    assert_refused(cli(["pull", ref.uri, "-q"], env), cache, ref, "is unsigned")
+    assert_refused(run_cli(env, "pull", ref.uri, "-q"), cache, ref, "is unsigned")
 
 
 def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_naming_it(
@@ -534,7 +533,7 @@ def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_naming_it(
     cache = tmp_path / "cache"
     missing = tmp_path / "nowhere.pub.pem"
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, missing))
+    done = run_cli(signed_env(child_env, cache, missing), "pull", ref.uri, "-q")
 
     assert_user_error(done, ExitCode.USAGE, f"cannot read {missing}")
     assert not (cache / ref.cache_path).exists()
@@ -553,7 +552,9 @@ def test_a_required_signature_without_the_sign_extra_is_one_line_before_any_down
         "import sys\nsys.modules['model_signing'] = None\nfrom modelsync.__main__ import main\nmain()\n"
     )
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public), hide_library)
+    done = run_cli(
+        signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q", code=hide_library
+    )
 
     assert assert_user_error(done, ExitCode.USAGE) == (
         "error: verifying or making model signatures needs the model-signing library: "
@@ -573,7 +574,9 @@ def test_a_pull_with_signatures_off_never_imports_model_signing(
         "import sys\nfrom modelsync.__main__ import main\ntry:\n    main()\nfinally:\n"
         "    sys.stderr.write('model_signing imported: %s\\n' % ('model_signing' in sys.modules))\n"
     )
-    done = cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(tmp_path / "cache")}, report)
+    done = run_cli(
+        {**child_env, "MODELSYNC_CACHE_DIR": str(tmp_path / "cache")}, "pull", ref.uri, "-q", code=report
+    )
     assert done.returncode == 0, done.stderr
     assert "model_signing imported: False" in done.stderr
 
@@ -587,12 +590,12 @@ def test_a_model_cached_before_the_policy_required_signatures_is_checked_before_
 ) -> None:
     publish_dir()
     cache = tmp_path / "cache"
-    assert cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}).returncode == 0
+    assert run_cli({**child_env, "MODELSYNC_CACHE_DIR": str(cache)}, "pull", ref.uri, "-q").returncode == 0
     assert "signer" not in record_of(cache, ref)
     shard = cache / ref.cache_path / "model-00002-of-00002.safetensors"
     inode = shard.stat().st_ino
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q")
 
     assert done.returncode == 0, done.stderr
     assert str(record_of(cache, ref)["signer"]).startswith("key release.pub.pem")
@@ -608,9 +611,9 @@ def test_an_unsigned_model_cached_before_the_policy_is_not_served_under_required
 ) -> None:
     publish_dir(signed=False)
     cache = tmp_path / "cache"
-    assert cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}).returncode == 0
+    assert run_cli({**child_env, "MODELSYNC_CACHE_DIR": str(cache)}, "pull", ref.uri, "-q").returncode == 0
 
-    done = cli(["pull", ref.uri, "-q"], signed_env(child_env, cache, keys["release"].public))
+    done = run_cli(signed_env(child_env, cache, keys["release"].public), "pull", ref.uri, "-q")
 
     assert_user_error(done, ExitCode.INTEGRITY, f"{ref.uri} is unsigned")
 
@@ -669,7 +672,7 @@ def test_verify_full_quarantines_a_cached_model_whose_bytes_and_record_were_both
     publish_dir()
     cache = tmp_path / "cache"
     env = signed_env(child_env, cache, keys["release"].public)
-    assert cli(["pull", ref.uri, "-q"], env).returncode == 0
+    assert run_cli(env, "pull", ref.uri, "-q").returncode == 0
     # Someone with write access to the cache swaps a file and fixes the record to match.
     ready = cache / ref.cache_path
     changed = b'{"layers": 7}'
@@ -681,7 +684,7 @@ def test_verify_full_quarantines_a_cached_model_whose_bytes_and_record_were_both
             entry.update(size=len(changed), xxh3_128=xxhash.xxh3_128_hexdigest(changed))
     Cache(cache).record_path(ref).write_text(json.dumps(record))
 
-    done = cli(["verify", "--full", ref.model_id], env)
+    done = run_cli(env, "verify", "--full", ref.model_id)
 
     assert done.returncode == int(ExitCode.INTEGRITY)
     assert f"bad   {ref.model_id}/{SIG}: config.json does not match the signature" in done.stdout
@@ -693,11 +696,11 @@ def test_a_bad_signature_policy_stops_verify_full_but_not_a_quick_verify(
 ) -> None:
     publish_dir(signed=False)
     env = {**child_env, "MODELSYNC_CACHE_DIR": str(tmp_path / "cache")}
-    assert cli(["pull", ref.uri, "-q"], env).returncode == 0
+    assert run_cli(env, "pull", ref.uri, "-q").returncode == 0
     env["MODELSYNC_SIGNATURE"] = "sometimes"
 
-    assert cli(["verify", ref.model_id], env).returncode == 0
-    done = cli(["verify", "--full", ref.model_id], env)
+    assert run_cli(env, "verify", ref.model_id).returncode == 0
+    done = run_cli(env, "verify", "--full", ref.model_id)
 
     assert_user_error(done, ExitCode.USAGE, "MODELSYNC_SIGNATURE", "'sometimes' is not one of required")
 
@@ -718,7 +721,7 @@ def test_a_shard_with_a_corrupted_header_is_caught_by_the_pull_naming_the_file(
     publish_dir(files, signed=False)  # a consistent manifest for a broken file
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)})
+    done = run_cli({**child_env, "MODELSYNC_CACHE_DIR": str(cache)}, "pull", ref.uri, "-q")
 
     assert_refused(done, cache, ref, "model-00002-of-00002.safetensors", "header is not valid JSON")
 
@@ -738,7 +741,7 @@ def test_a_shard_truncated_at_a_tensor_boundary_with_its_manifest_rewritten_is_c
     rewrite_manifest(s3_client, ref, {"model-00001-of-00002.safetensors": truncated})
     cache = tmp_path / "cache"
 
-    done = cli(["pull", ref.uri, "-q"], {**child_env, "MODELSYNC_CACHE_DIR": str(cache)})
+    done = run_cli({**child_env, "MODELSYNC_CACHE_DIR": str(cache)}, "pull", ref.uri, "-q")
 
     assert_refused(done, cache, ref, "model-00001-of-00002.safetensors", "tensor 'b'", "truncated")
 
@@ -753,7 +756,7 @@ def test_verify_full_scrubs_headers_and_quarantines_a_model_published_broken_bef
     publish_dir(files, signed=False)
     cache = tmp_path / "cache"
     env = {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}
-    assert cli(["pull", ref.uri, "-q"], env).returncode == 0
+    assert run_cli(env, "pull", ref.uri, "-q").returncode == 0
     # The index now claims a shard the model lacks; the record is made to match, as if the
     # model had been pulled broken by a modelsync without the scrub.
     index = json.loads(files[SHARD_INDEX])
@@ -768,7 +771,7 @@ def test_verify_full_scrubs_headers_and_quarantines_a_model_published_broken_bef
             entry.update(size=len(data), xxh3_128=xxhash.xxh3_128_hexdigest(data))
     Cache(cache).record_path(ref).write_text(json.dumps(record))
 
-    done = cli(["verify", "--full", ref.model_id], env)
+    done = run_cli(env, "verify", "--full", ref.model_id)
 
     assert done.returncode == int(ExitCode.INTEGRITY)
     assert f"bad   {ref.model_id}/{SHARD_INDEX}: tensor 'd' maps to" in done.stdout

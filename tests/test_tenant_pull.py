@@ -19,14 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
+from support.daemon import Daemon, schedule_text
+from support.objects import payload, upload
 from support.s3env import S3Env
-from test_daemon import Daemon, payload, run_cli, schedule_text, start_daemon, upload, wait_until
+from support.waiting import wait_for
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
 from modelsync.errors import ExitCode
-
-__all__ = ["start_daemon"]  # the fixture, used by name below
 
 MiB = 1024 * 1024
 SCHEDULED = "s3://models/org/served/r1/"
@@ -160,7 +161,7 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
     env = moto_subprocess_s3_env.subprocess_env()
     cache = ["--cache-dir", str(served.cache)]
     staged = {"model": "models/org/served/r1"}
-    wait_until(lambda: served.metric("modelsync_model_staged", **staged) == 0, what="the gauge shows it cold")
+    wait_for(lambda: served.metric("modelsync_model_staged", **staged) == 0, what="the gauge shows it cold")
     refused = run_cli(env, "prefetch", UNLISTED, *cache)
     assert refused.returncode == ExitCode.NOT_ALLOWED
     assert "not in the schedule" in one_error_line(refused.stderr)
@@ -171,7 +172,7 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
         ok = run_cli(env, "prefetch", source, *cache)
         assert ok.returncode == 0, ok.stderr
     assert not (served.cache / "models/org/unlisted").exists()
-    wait_until(lambda: served.metric("modelsync_model_staged", **staged) == 1, what="the gauge shows it warm")
+    wait_for(lambda: served.metric("modelsync_model_staged", **staged) == 1, what="the gauge shows it warm")
 
 
 def test_daemon_refuses_a_malformed_allowed_prefix_at_start(
@@ -223,7 +224,7 @@ def test_a_tenants_cold_pull_preempts_the_daemons_background_prefetch_which_resu
         "--part-size", "1Mi",
     )
     fetched = "modelsync_fetched_bytes_total"
-    wait_until(lambda: (daemon.metric(fetched) or 0) > 0, what="the background prefetch")
+    wait_for(lambda: (daemon.metric(fetched) or 0) > 0, what="the background prefetch")
     home = tmp_path / "tenant-home"
     home.mkdir()
     done = tenant(daemon.cache, home, "pull", EXTRA)
@@ -233,7 +234,7 @@ def test_a_tenants_cold_pull_preempts_the_daemons_background_prefetch_which_resu
     def starts() -> int:
         return sum(str(e.get("msg")).startswith("prefetch slow") for e in daemon.logs())
 
-    wait_until(lambda: starts() >= 2, what="the background prefetch resumes")
+    wait_for(lambda: starts() >= 2, what="the background prefetch resumes")
 
 
 @needs_mount_namespace

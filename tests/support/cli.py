@@ -16,10 +16,22 @@ from support.s3env import S3Env
 MODELSYNC = (sys.executable, "-m", "modelsync")
 
 
-def run_cli(env: dict[str, str], *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `modelsync ARGS...` to completion with `env`, capturing text output."""
+def run_cli(
+    env: dict[str, str],
+    *args: str,
+    timeout_s: float = 90,
+    cache_dir: Path | None = None,
+    code: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `modelsync ARGS...` to completion with `env`, capturing text output.
+
+    `cache_dir` appends `--cache-dir`; `code` runs instead of `-m modelsync` (it must call
+    `main()`), for a child whose system calls a test replaces before the command starts.
+    """
+    start = (sys.executable, "-c", code) if code else MODELSYNC
+    tail = ("--cache-dir", str(cache_dir)) if cache_dir is not None else ()
     return subprocess.run(
-        [*MODELSYNC, *args], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        [*start, *args, *tail], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
     )
 
 

@@ -322,6 +322,12 @@ class FaultProxy(Service):
         """Body bytes the proxy wrote for matching requests: what a resume must not repeat."""
         return sum(r.body_bytes_sent for r in self.requests(match, method))
 
+    def object_bytes_sent(self, match: str = "") -> int:
+        """Object body bytes served by presigned ranged GETs (not manifests or listings)."""
+        return sum(
+            r.body_bytes_sent for r in self.requests(match, method="GET") if "X-Amz-Signature" in r.path
+        )
+
     def clear(self) -> None:
         """Forget the log and drop every queued fault."""
         with self._lock:

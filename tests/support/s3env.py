@@ -25,8 +25,9 @@ TEST_REGION = "us-east-1"
 # http endpoints with botocore, but TLS tests must set or drop them deliberately.
 CA_BUNDLE_VARS = ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
 
-# Anything that could make a child's credential chain or endpoint differ from ours.
-_FOREIGN_AWS_VARS = (
+# Anything that could make a credential chain or endpoint differ from ours: the one list
+# for child processes (`subprocess_env`) and in-process engine calls (conftest's `aws_credentials`).
+FOREIGN_AWS_VARS = (
     "AWS_PROFILE",
     "AWS_DEFAULT_PROFILE",
     "AWS_SESSION_TOKEN",
@@ -35,6 +36,8 @@ _FOREIGN_AWS_VARS = (
     "AWS_WEB_IDENTITY_TOKEN_FILE",
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
 )
 
 
@@ -106,14 +109,15 @@ class S3Env:
 
         A copy of `base` (default `os.environ`) with the endpoint, credentials and region
         set, the instance-metadata lookup off (it would stall for seconds off-cloud), and
-        any profile, session token or per-service endpoint removed. The CA-bundle
+        any profile, session token or per-service endpoint removed, and no `MODELSYNC_*`
+        setting of the machine's own (a test sets the ones it means). The CA-bundle
         variables are kept by default because nodes export them too; pass
         `keep_ca_bundle=False` for a child that must start from default trust.
         """
         env = dict(os.environ if base is None else base)
-        for name in _FOREIGN_AWS_VARS:
+        for name in FOREIGN_AWS_VARS:
             env.pop(name, None)
-        for name in [n for n in env if n.startswith("AWS_ENDPOINT_URL_")]:
+        for name in [n for n in env if n.startswith(("AWS_ENDPOINT_URL_", "MODELSYNC_"))]:
             del env[name]
         if not keep_ca_bundle:
             for name in CA_BUNDLE_VARS:

@@ -192,7 +192,7 @@ def _tenant_pull(cache_dir: Path, ref: ModelRef, lease_s: float | None) -> Path:
 
 
 def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
-    """Re-hash a ready model; a damaged one is unpublished with its bad files staged for the pull."""
+    """Re-hash a ready model; a damaged one stops being ready, its good files staged for the pull."""
     from modelsync.engine.maintain import verify_ready
 
     def waiting(holder: str) -> None:
@@ -254,8 +254,7 @@ def publish(
     import asyncio
 
     from modelsync.core.units import format_bytes
-    from modelsync.engine.publish import SigningKey
-    from modelsync.engine.publish import publish as run_publish
+    from modelsync.engine.upload import SigningKey, upload
     from modelsync.progress import StderrProgress
 
     ref = parse_source(source)
@@ -279,7 +278,7 @@ def publish(
         signing = SigningKey(sign_key, sign_cert, tuple(sign_chain or ()), settings.signature_name)
     progress = StderrProgress(ref.uri, quiet=quiet, verb="upload")
     try:
-        result = asyncio.run(run_publish(settings, directory, ref, progress, signing))
+        result = asyncio.run(upload(settings, directory, ref, progress, signing))
     finally:
         progress.close()
     if not quiet:

@@ -29,6 +29,7 @@ from modelsync.cli_common import (
 )
 from modelsync.config import CACHE_SETTINGS, SIGNATURE_SETTINGS, Settings
 from modelsync.core.eviction import EvictionPlan, budget_use, plan_named, plan_to_size, plan_unused
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.refs import parse_model_name
 from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_size
 from modelsync.engine.catalog import Catalog, ModelView, open_catalog
@@ -64,9 +65,9 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
                 v.model,
                 v.state,
                 format_bytes(v.size_bytes),
-                _ago(v.last_used, now),
+                _ago(v.last_used_at, now),
                 "yes" if v.pinned else "",
-                "failed" if v.state == "quarantined" else _ago(v.verified_at, now),
+                "failed" if v.state is CacheState.QUARANTINED else _ago(v.verified_at, now),
                 v.signer or "",
             )
         )
@@ -212,7 +213,7 @@ def verify(
     cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
         report = run_verify(cache, catalog, model, full, settings.signature_rule, settings.signature_name)
-        quarantined = [v.model for v in catalog.views() if v.state == "quarantined"]
+        quarantined = [v.model for v in catalog.views() if v.state is CacheState.QUARANTINED]
     if as_json:
         doc = {
             "models": [
@@ -315,7 +316,7 @@ def _as_dict(v: ModelView) -> dict[str, object]:
         "source": v.source,
         "state": v.state,
         "size_bytes": v.size_bytes,
-        "last_used": _iso(v.last_used),
+        "last_used": _iso(v.last_used_at),
         "pinned": v.pinned,
         "verified_at": _iso(v.verified_at),
         "verified_by": v.verified_by,

@@ -115,7 +115,7 @@ def plan(
 
     from modelsync.adapters.cache import Cache
     from modelsync.adapters.schedule_file import read_schedule
-    from modelsync.core.eviction import EntryState
+    from modelsync.core.lifecycle import CacheState
     from modelsync.core.plan import NodePlan, parse_instant, plan_json, plan_node, render_plan
     from modelsync.core.pool import plan_pool, pool_json, render_pool
     from modelsync.core.units import parse_rate, parse_size
@@ -135,7 +135,7 @@ def plan(
     now = parse_instant(at, loaded.timezone) if at else datetime.now(ZoneInfo(loaded.timezone))
     settings = build_settings(cache_dir, endpoint_url, region, config, None, None, max_bandwidth, insecure)
     entries = cache_entries(Cache(settings.cache_dir))
-    ready = {e.model for e in entries if e.state is EntryState.READY}
+    ready = {e.model for e in entries if e.state is CacheState.READY}
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
     sizes = RemoteSizes({}, {}) if offline else remote_sizes(settings, missing)
     for model_id, reason in sizes.unknown.items():

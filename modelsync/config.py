@@ -317,7 +317,7 @@ SIGNATURE_SETTINGS = frozenset(
         "signature_name",
     }
 )
-#: what reaching S3 uses (publish needs these plus concurrency and part size)
+#: what reaching S3 uses (an upload needs these plus concurrency and part size)
 S3_SETTINGS = frozenset(
     {
         "endpoint_url",

@@ -91,8 +91,8 @@ def run_demo(keep: bool) -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
     from modelsync.engine.events import NoEvents
-    from modelsync.engine.publish import publish
     from modelsync.engine.pull import pull
+    from modelsync.engine.upload import upload
 
     for name, value in (
         ("AWS_ACCESS_KEY_ID", "demo"),
@@ -119,14 +119,14 @@ def run_demo(keep: bool) -> None:
 
         t = time.monotonic()
         asyncio.run(_create_bucket(settings, ref.bucket))
-        result = asyncio.run(publish(settings, work / "model", ref))
+        result = asyncio.run(upload(settings, work / "model", ref))
         say(f"published {result.files} files to {ref.uri} with a manifest ({elapsed(t)})")
 
         cold = pull(settings, ref, NoEvents())
-        rate = cold.fetched_bytes / max(cold.seconds, 1e-9)
+        rate = cold.fetched_bytes / max(cold.elapsed_s, 1e-9)
         say(
             f"cold pull: {cold.files} files, {format_bytes(cold.fetched_bytes)} fetched, verified "
-            f"and published in {cold.seconds:.2f}s ({format_bytes(int(rate))}/s)"
+            f"and published in {cold.elapsed_s:.2f}s ({format_bytes(int(rate))}/s)"
         )
 
         t = time.monotonic()

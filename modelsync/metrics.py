@@ -19,8 +19,8 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from modelsync.core.desired import ModelState
-from modelsync.core.plan import UNSCHEDULED, Action, NodePlan
+from modelsync.core.desired import SchedulePhase
+from modelsync.core.plan import Action, NodePlan
 
 __all__ = ["CONTENT_TYPE", "DaemonMetrics", "ThroughputMeter"]
 
@@ -28,7 +28,7 @@ __all__ = ["CONTENT_TYPE", "DaemonMetrics", "ThroughputMeter"]
 PULL_DURATION_BUCKETS_S = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, float("inf"))
 #: the window over which current throughput is averaged
 THROUGHPUT_WINDOW_S = 5.0
-_STATES = (*(s.value for s in ModelState), UNSCHEDULED)
+_PHASES = tuple(SchedulePhase)
 
 
 class ThroughputMeter:
@@ -149,12 +149,12 @@ class DaemonMetrics:
         self.throughput.add(n_bytes)
 
     def observe_plan(self, plan: NodePlan, reconciled_at: float) -> None:
-        counts = {(state, staged): 0 for state in _STATES for staged in ("true", "false")}
+        counts = {(phase, staged): 0 for phase in _PHASES for staged in ("true", "false")}
         for m in plan.models:
             staged = "true" if m.action in (Action.KEEP, Action.EVICT) else "false"
-            counts[(m.state, staged)] += 1
-        for (state, staged), count in counts.items():
-            self.models.labels(state=state, staged=staged).set(count)
+            counts[(m.phase, staged)] += 1
+        for (phase, staged), count in counts.items():
+            self.models.labels(state=phase.value, staged=staged).set(count)
         self._observe_staged({m.model_id: m.action in (Action.KEEP, Action.EVICT) for m in plan.models})
         self.cache_used.set(plan.used_bytes)
         self.cache_budget.set(plan.budget_bytes or 0)

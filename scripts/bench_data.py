@@ -124,7 +124,7 @@ def prepare(ds: DataSet, data_root: Path, log: Callable[[str], None] = print) ->
         _write_marker(ds, data_root, digests)
     model_dir = ds.model_dir(data_root)
     entries = tuple(
-        FileEntry(path=p, size=s, xxh3_128=digests[p], etag=_nginx_etag(model_dir / p))
+        FileEntry(path=p, size_bytes=s, xxh3_128=digests[p], etag=_nginx_etag(model_dir / p))
         for p, s in ds.files
     )
     manifest = render_manifest(entries)
@@ -257,8 +257,8 @@ def check_files(root: Path, entries: tuple[FileEntry, ...], *, full: bool) -> st
             size = path.stat().st_size
         except OSError:
             return f"missing {path}"
-        if size != e.size:
-            return f"{path}: {size} bytes, expected {e.size}"
+        if size != e.size_bytes:
+            return f"{path}: {size} bytes, expected {e.size_bytes}"
         if full and hash_file(path, buf) != e.xxh3_128:
             return f"{path}: xxh3-128 mismatch"
     return None

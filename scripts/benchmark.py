@@ -395,7 +395,7 @@ class UploadedEndpoint:
                 etags |= {o["Key"][len(PREFIX) + 1:]: o["ETag"].strip('"')
                           for o in listed.get("Contents", [])}
             manifest = render_manifest(
-                type(e)(e.path, e.size, e.xxh3_128, etags[e.path]) for e in prep.entries
+                type(e)(e.path, e.size_bytes, e.xxh3_128, etags[e.path]) for e in prep.entries
             )
             client.put_object(Bucket=ds.bucket, Key=f"{PREFIX}/{MANIFEST_NAME}", Body=manifest)
 

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from modelsync.core.eviction import (
     Blob,
     CacheEntry,
-    EntryState,
     EvictionPlan,
     plan_eviction,
     plan_named,
@@ -25,12 +24,13 @@ from modelsync.core.eviction import (
     plan_watermarks,
     unique_bytes,
 )
+from modelsync.core.lifecycle import CacheState
 from modelsync.errors import NotFoundError, UsageError
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 GRACE_S = 600.0
 HOUR = 3600.0
-READY, PULLING, QUARANTINED = EntryState.READY, EntryState.PULLING, EntryState.QUARANTINED
+READY, PULLING, QUARANTINED = CacheState.READY, CacheState.PULLING, CacheState.QUARANTINED
 
 
 def entry(
@@ -38,13 +38,13 @@ def entry(
     idle_s: float,
     *blobs: tuple[int, int],
     pinned: bool = False,
-    state: EntryState = READY,
+    state: CacheState = READY,
     lease_s: float | None = None,
 ) -> CacheEntry:
     """An entry last used `idle_s` ago, holding blobs given as (inode, size)."""
     return CacheEntry(
         model=model,
-        last_used=NOW - idle_s,
+        last_used_at=NOW - idle_s,
         pinned=pinned,
         state=state,
         in_use_until=None if lease_s is None else NOW + lease_s,
@@ -343,10 +343,10 @@ def caches(draw: st.DrawFn) -> tuple[list[CacheEntry], dict[str, str]]:
         cached.append(
             CacheEntry(
                 model=f"m{i}",
-                last_used=NOW
+                last_used_at=NOW
                 - draw(st.sampled_from([0, 60, GRACE_S - 1, GRACE_S, HOUR, 3 * HOUR])),
                 pinned=draw(st.booleans()),
-                state=draw(st.sampled_from(EntryState)),
+                state=draw(st.sampled_from(CacheState)),
                 in_use_until=draw(st.none() | st.sampled_from([NOW - 1, NOW, NOW + 1])),
                 blobs=draw(st.frozensets(st.sampled_from(pool), max_size=4)),
             )
@@ -357,7 +357,7 @@ def caches(draw: st.DrawFn) -> tuple[list[CacheEntry], dict[str, str]]:
 
 def eligible(e: CacheEntry, protected: Mapping[str, str]) -> bool:
     leased = e.in_use_until is not None and e.in_use_until > NOW
-    recent = NOW - e.last_used < GRACE_S
+    recent = NOW - e.last_used_at < GRACE_S
     return not (e.pinned or e.state is PULLING or leased or recent or e.model in protected)
 
 
@@ -385,7 +385,7 @@ def assert_sound(
 
 
 def eviction_key(e: CacheEntry) -> tuple[bool, float, str]:
-    return (e.state is not QUARANTINED, e.last_used, e.model)
+    return (e.state is not QUARANTINED, e.last_used_at, e.model)
 
 
 def assert_lru_prefix(
@@ -482,7 +482,7 @@ def test_plan_unused_takes_exactly_the_eligible_entries_idle_that_long(
     plan = plan_unused(cached, unused_for_s, NOW, GRACE_S, protected)
     assert_sound(plan, cached, protected)
     expected = sorted(
-        (e for e in cached if eligible(e, protected) and NOW - e.last_used >= unused_for_s),
+        (e for e in cached if eligible(e, protected) and NOW - e.last_used_at >= unused_for_s),
         key=eviction_key,
     )
     assert plan.victims == tuple(e.model for e in expected)
@@ -496,7 +496,7 @@ def ten_thousand_entries() -> list[CacheEntry]:
     return [
         CacheEntry(
             model=f"models/org/m{i // 4}/rev{i % 4}",
-            last_used=NOW - GRACE_S - (i * 7919) % 100_000,
+            last_used_at=NOW - GRACE_S - (i * 7919) % 100_000,
             pinned=i % 10 == 0,
             state=QUARANTINED if i % 97 == 0 else READY,
             blobs=frozenset({Blob((1, i), 2**30), Blob((2, i), 2**20), Blob((3, i // 2), 2**10)}),

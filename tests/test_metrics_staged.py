@@ -33,7 +33,7 @@ def staged(metrics: DaemonMetrics) -> dict[str, float]:
 def test_the_staged_gauge_follows_the_plan_and_drops_models_that_left_it() -> None:
     metrics = DaemonMetrics()
     both = load_schedule(schedule("s3://models/a/r1/", "s3://models/b/r1/"), "schedule.yaml")
-    cached = [CacheEntry("models/a/r1", last_used=0.0, blobs=frozenset({Blob((0, 1), 10)}))]
+    cached = [CacheEntry("models/a/r1", last_used_at=0.0, blobs=frozenset({Blob((0, 1), 10)}))]
     metrics.observe_plan(plan_node(both, "p", NOW, cached, None, None), 0.0)
     assert staged(metrics) == {"models/a/r1": 1.0, "models/b/r1": 0.0}
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from modelsync.core.desired import ModelState, desired_models
-from modelsync.core.eviction import Blob, CacheEntry, EntryState
+from modelsync.core.desired import SchedulePhase, desired_models
+from modelsync.core.eviction import Blob, CacheEntry
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.plan import (
-    UNSCHEDULED,
     Action,
     parse_instant,
     plan_json,
@@ -71,7 +71,7 @@ def mid(name: str) -> str:
 def test_plan_fetches_a_model_inside_its_lead_time_and_says_when_it_will_be_ready() -> None:
     plan = plan_node(sched(model("a", (daily(8),))), "p", AT_0730, (), None, 1e6, {mid("a"): GB})
     (a,) = plan.fetch
-    assert (a.state, a.ready_at) == ("prefetch", AT_0730 + timedelta(seconds=1000))
+    assert (a.phase, a.ready_at) == ("prefetch", AT_0730 + timedelta(seconds=1000))
     assert a.margin_s == 1800 - 1000 and not a.late
     assert a.note(AT_0730) == "ready 13m20s before the window opens"
 
@@ -111,7 +111,7 @@ def test_plan_keeps_cached_models_and_evicts_the_least_recently_used_only_to_mak
     assert {m.model_id for m in roomy.keep} == {"models/old/x", "models/new/y"}
     tight = plan_node(schedule, "p", AT_0730, entries, 12 * GB, None, {mid("a"): 4 * GB})
     assert [m.model_id for m in tight.evict] == ["models/old/x"]
-    assert tight.fits and [m.state for m in tight.evict] == [UNSCHEDULED]
+    assert tight.fits and [m.phase for m in tight.evict] == [SchedulePhase.UNSCHEDULED]
 
 
 def test_plan_counts_files_that_revisions_share_once_and_evicts_only_for_bytes_it_frees() -> None:
@@ -135,7 +135,7 @@ def test_plan_counts_files_that_revisions_share_once_and_evicts_only_for_bytes_i
 
 def test_a_fetch_already_running_counts_once_through_the_space_its_pull_claimed() -> None:
     schedule = sched(model("a", (daily(8),)))
-    claim = CacheEntry(mid("a"), 0.0, state=EntryState.PULLING, blobs=frozenset({Blob((-2, 1), 3 * GB)}))
+    claim = CacheEntry(mid("a"), 0.0, state=CacheState.PULLING, blobs=frozenset({Blob((-2, 1), 3 * GB)}))
     plan = plan_node(schedule, "p", AT_0730, [claim], 5 * GB, None, {mid("a"): 4 * GB})
     assert plan.used_bytes == 3 * GB and plan.fits
     assert [m.model_id for m in plan.fetch] == [mid("a")]
@@ -157,10 +157,10 @@ def test_plan_skips_models_whose_windows_closed_and_never_evicts_pinned_ones() -
     entries = [cached("models/pinned/z", 9 * GB, last_used=0.0, pinned=True)]
     sizes = {mid("kept"): GB, mid("gone"): GB}
     plan = plan_node(schedule, "p", AT_0730, entries, 10 * GB, None, sizes)
-    actions = {m.label: (m.state, m.action) for m in plan.models}
+    actions = {m.label: (m.phase, m.action) for m in plan.models}
     assert actions["kept"] == ("keep", Action.SKIP)
     assert actions["gone"] == ("upcoming", Action.LATER)
-    assert actions["models/pinned/z"] == (UNSCHEDULED, Action.KEEP)
+    assert actions["models/pinned/z"] == (SchedulePhase.UNSCHEDULED, Action.KEEP)
 
 
 def test_plan_shows_unknown_sizes_and_no_estimate_without_a_bandwidth() -> None:
@@ -194,14 +194,14 @@ def test_desired_state_moves_through_a_day_minute_by_minute() -> None:
     states = []
     for minute in range(24 * 60):
         (entry,) = desired_models(schedule, "p", start + timedelta(minutes=minute))
-        if not states or states[-1][1] != entry.state:
-            states.append((minute, entry.state))
+        if not states or states[-1][1] != entry.phase:
+            states.append((minute, entry.phase))
     assert states == [
-        (0, ModelState.UPCOMING),
-        (7 * 60 + 30, ModelState.PREFETCH),
-        (8 * 60, ModelState.ACTIVE),
-        (10 * 60, ModelState.KEEP),
-        (11 * 60, ModelState.UPCOMING),
+        (0, SchedulePhase.UPCOMING),
+        (7 * 60 + 30, SchedulePhase.PREFETCH),
+        (8 * 60, SchedulePhase.ACTIVE),
+        (10 * 60, SchedulePhase.COOLDOWN),
+        (11 * 60, SchedulePhase.UPCOMING),
     ]
 
 
@@ -212,7 +212,7 @@ def test_desired_state_across_the_spring_dst_jump_follows_the_wall_clock_rules()
     # 02:30 does not exist on 2026-03-29: the window opens at the jump, 03:00 CEST (01:00 UTC)
     before = datetime(2026, 3, 29, 0, 55, tzinfo=UTC)
     (entry,) = desired_models(schedule, "p", before)
-    assert entry.state is ModelState.PREFETCH
+    assert entry.phase is SchedulePhase.PREFETCH
     assert entry.window is not None and entry.window.start == datetime(2026, 3, 29, 3, 0, tzinfo=berlin)
 
 
@@ -285,7 +285,7 @@ def test_a_model_inside_its_lead_time_is_never_planned_for_eviction(
     wanted = {
         e.model.source.model_id
         for e in desired_models(schedule, "p", now)
-        if e.state in (ModelState.PREFETCH, ModelState.ACTIVE, ModelState.KEEP)
+        if e.phase in (SchedulePhase.PREFETCH, SchedulePhase.ACTIVE, SchedulePhase.COOLDOWN)
     }
     assert not wanted & {m.model_id for m in plan.evict}
     assert plan.fits == (plan.eviction.freed_bytes >= plan.eviction.needed_bytes)

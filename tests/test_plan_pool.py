@@ -170,7 +170,7 @@ models:
 
 def publish_manifest(client: BaseClient, bucket: str, prefix: str, size_bytes: int) -> None:
     """A manifest alone: `plan` sizes models from it, so a 700 GB model needs no 700 GB upload."""
-    entry = FileEntry(path="model.safetensors", size=size_bytes, xxh3_128="0" * 32, etag=None)
+    entry = FileEntry(path="model.safetensors", size_bytes=size_bytes, xxh3_128="0" * 32, etag=None)
     client.put_object(Bucket=bucket, Key=prefix + "modelsync.manifest.json", Body=render_manifest([entry]))
 
 

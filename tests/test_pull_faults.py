@@ -38,8 +38,8 @@ from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import format_bytes, parse_size
 from modelsync.engine.events import NoEvents
-from modelsync.engine.publish import publish
 from modelsync.engine.pull import PullResult, pull
+from modelsync.engine.upload import upload
 from modelsync.errors import (
     AccessDeniedError,
     ChecksumMismatchError,
@@ -164,7 +164,7 @@ def publish_model(
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_bytes(data)
         settings = Settings(endpoint_url=s3_env.endpoint_url, part_size_bytes=5 * MiB, concurrency=4)
-        asyncio.run(publish(settings, src, model_ref(bucket)))
+        asyncio.run(upload(settings, src, model_ref(bucket)))
 
     return run
 

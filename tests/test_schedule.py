@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from modelsync.core.desired import DesiredModel, ModelState, desired_models, protected
+from modelsync.core.desired import DesiredModel, SchedulePhase, desired_models, protected
 from modelsync.core.refs import parse_source
 from modelsync.core.schedule import (
     DEFAULT_KEEP_S,
@@ -557,24 +557,25 @@ DAILY_8_TO_20 = CronWindow("0 8 * * *", 12 * 3600.0, "UTC")
 @pytest.mark.parametrize(
     ("now", "state", "keep_until"),
     [
-        (utc(2026, 5, 1, 6, 0), ModelState.UPCOMING, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 7, 29), ModelState.UPCOMING, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 7, 30), ModelState.PREFETCH, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 8, 0), ModelState.ACTIVE, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 19, 59), ModelState.ACTIVE, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 20, 0), ModelState.KEEP, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 20, 59), ModelState.KEEP, utc(2026, 5, 1, 21)),
-        (utc(2026, 5, 1, 21, 0), ModelState.UPCOMING, utc(2026, 5, 2, 21)),
+        (utc(2026, 5, 1, 6, 0), SchedulePhase.UPCOMING, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 7, 29), SchedulePhase.UPCOMING, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 7, 30), SchedulePhase.PREFETCH, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 8, 0), SchedulePhase.ACTIVE, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 19, 59), SchedulePhase.ACTIVE, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 20, 0), SchedulePhase.COOLDOWN, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 20, 59), SchedulePhase.COOLDOWN, utc(2026, 5, 1, 21)),
+        (utc(2026, 5, 1, 21, 0), SchedulePhase.UPCOMING, utc(2026, 5, 2, 21)),
     ],
 )
 def test_a_daily_window_moves_through_its_states(
-    now: datetime, state: ModelState, keep_until: datetime
+    now: datetime, state: SchedulePhase, keep_until: datetime
 ) -> None:
     schedule = Schedule(1, "UTC", (model("s3://models/a/1/", (DAILY_8_TO_20,)),))
     (entry,) = desired_models(schedule, "p", now)
-    assert entry.state is state
+    assert entry.phase is state
     assert entry.keep_until == keep_until
-    assert entry.protected is (state in {ModelState.ACTIVE, ModelState.PREFETCH, ModelState.KEEP})
+    protected_phases = {SchedulePhase.ACTIVE, SchedulePhase.PREFETCH, SchedulePhase.COOLDOWN}
+    assert entry.protected is (state in protected_phases)
 
 
 def test_an_always_model_is_active_forever_and_first_in_line() -> None:
@@ -582,7 +583,7 @@ def test_an_always_model_is_active_forever_and_first_in_line() -> None:
     daily = model("s3://models/daily/1/", (DAILY_8_TO_20,), priority=1000)
     schedule = Schedule(1, "UTC", (daily, always))
     first, second = desired_models(schedule, "p", utc(2026, 5, 1, 9))
-    assert first == DesiredModel(always, ModelState.ACTIVE, first.window, None, None)
+    assert first == DesiredModel(always, SchedulePhase.ACTIVE, first.window, None, None)
     assert second.model is daily
 
 
@@ -590,7 +591,7 @@ def test_a_model_with_a_keep_time_overlapping_its_next_lead_is_prefetched() -> N
     short_gap = CronWindow("0 * * * *", 1800.0, "UTC")
     schedule = Schedule(1, "UTC", (model("s3://models/a/1/", (short_gap,), lead_s=600, keep_s=3600),))
     (entry,) = desired_models(schedule, "p", utc(2026, 5, 1, 9, 55))
-    assert entry.state is ModelState.PREFETCH
+    assert entry.phase is SchedulePhase.PREFETCH
     assert entry.prefetch_at == utc(2026, 5, 1, 9, 50)
 
 
@@ -598,7 +599,7 @@ def test_a_model_with_several_windows_reports_the_open_one() -> None:
     windows = (DAILY_8_TO_20, CronWindow("0 22 * * *", 3600.0, "UTC"))
     schedule = Schedule(1, "UTC", (model("s3://models/a/1/", windows),))
     (entry,) = desired_models(schedule, "p", utc(2026, 5, 1, 22, 30))
-    assert entry.state is ModelState.ACTIVE
+    assert entry.phase is SchedulePhase.ACTIVE
     assert entry.window is not None
     assert entry.window.start == utc(2026, 5, 1, 22)
 
@@ -607,7 +608,7 @@ def test_a_daemon_that_slept_through_the_window_start_sees_the_model_active() ->
     schedule = load_schedule(EXAMPLE, "s.yaml")
     # Monday 2026-03-02 08:00 KST = 2026-03-01 23:00 UTC; asked at 10:00 KST
     (entry,) = desired_models(schedule, "b300-serving", utc(2026, 3, 2, 1))
-    assert entry.state is ModelState.ACTIVE
+    assert entry.phase is SchedulePhase.ACTIVE
     assert entry.prefetch_at == utc(2026, 3, 1, 22, 15)
     assert entry.keep_until == utc(2026, 3, 2, 12)
 
@@ -697,7 +698,7 @@ def test_a_model_inside_its_lead_time_or_active_is_desired_and_protected(
         if any(_open_within(w, now, timedelta(seconds=m.lead_s)) for w in m.windows)
     ]
     for m in lead_or_active:
-        assert desired[m.source].state in {ModelState.ACTIVE, ModelState.PREFETCH}
+        assert desired[m.source].phase in {SchedulePhase.ACTIVE, SchedulePhase.PREFETCH}
         assert m.source in guarded
 
 
@@ -733,7 +734,7 @@ def test_prefetch_and_keep_bracket_the_reported_window(schedule: Schedule, now: 
         assert window is not None
         if window.start is not None:
             assert entry.prefetch_at == window.start - timedelta(seconds=entry.model.lead_s)
-        if entry.state is not ModelState.KEEP and window.end is not None:
+        if entry.phase is not SchedulePhase.COOLDOWN and window.end is not None:
             assert entry.keep_until == window.end + timedelta(seconds=entry.model.keep_s)
-        if entry.state is ModelState.KEEP:
+        if entry.phase is SchedulePhase.COOLDOWN:
             assert entry.keep_until is not None and now < entry.keep_until

@@ -37,8 +37,8 @@ from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME as SIG
 from modelsync.core.signature import Mode
 from modelsync.engine.events import NoEvents
-from modelsync.engine.publish import SigningKey, publish
 from modelsync.engine.pull import PullCancelledError, pull
+from modelsync.engine.upload import SigningKey, upload
 from modelsync.errors import ExitCode
 
 PREFIX = "org/llm/rev1/"
@@ -178,7 +178,7 @@ def publish_dir(
             write_dir(directory, model_files() if files is None else files)
         settings = Settings(endpoint_url=s3_env.endpoint_url, part_size_bytes=5 * MiB, concurrency=4)
         signing = SigningKey(keys["release"].private) if signed else None
-        asyncio.run(publish(settings, directory, ref, signing=signing))
+        asyncio.run(upload(settings, directory, ref, signing=signing))
 
     return run
 

@@ -23,7 +23,7 @@ SOURCE = "s3://models/org/model/rev1/"
 
 
 def make_ready(root: Path, source: str = SOURCE) -> Path:
-    """A ready model written through the cache's own staging and publish steps."""
+    """A ready model written through the cache's own staging and make-ready steps."""
     ref = parse_source(source)
     cache = Cache(root)
     cache.ensure()
@@ -34,7 +34,7 @@ def make_ready(root: Path, source: str = SOURCE) -> Path:
     os.pwrite(fd, data, 0)
     os.close(fd)
     entry = FileEntry("model.safetensors", len(data), xxhash.xxh3_128_hexdigest(data), "etag")
-    return cache.publish(ref, staging, CompletionRecord(ref.uri, time.time(), "manifest", (entry,)))
+    return cache.make_ready(ref, staging, CompletionRecord(ref.uri, time.time(), "manifest", (entry,)))
 
 
 def test_a_plain_pull_of_a_ready_model_answers_with_its_path(tmp_path: Path) -> None:

@@ -497,7 +497,7 @@ class Cache:
         finally:
             lock.release()
 
-    def publish(self, ref: ModelRef, staging: Staging, record: CompletionRecord) -> Path:
+    def make_ready(self, ref: ModelRef, staging: Staging, record: CompletionRecord) -> Path:
         """Make the staged model ready in one rename, after its record is durable.
 
         A revision already at the ready path (a refresh) is swapped out in the same
@@ -508,13 +508,13 @@ class Cache:
             staging.journal.close()
             _seal_tree(staging.dir)
             fs.write_atomic(self.record_path(ref), render_record(record))
-            for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            for attempt in range(1, _MAKE_READY_ATTEMPTS + 1):
                 try:
                     self._rename_into_place(ref, staging)
                     break
                 except _ParentRemovedError:
                     # an eviction of a sibling pruned the (then empty) parent: make it again
-                    if attempt == _PUBLISH_ATTEMPTS:
+                    if attempt == _MAKE_READY_ATTEMPTS:
                         raise FileNotFoundError(f"{ready.parent} kept disappearing") from None
             with contextlib.suppress(FileNotFoundError):
                 staging.journal.path.unlink()
@@ -548,7 +548,7 @@ class Cache:
         """Remove the directories above a model's ready path that its removal left empty.
 
         Stops at the first one that is not empty, and never goes above the cache root
-        or through a symlink. A publish that loses its parent to this race makes it again.
+        or through a symlink. A `make_ready` that loses its parent to this race makes it again.
         """
         parts = ref.cache_path.parts[:-1]
         root = fs.open_dir(self.root)
@@ -561,7 +561,7 @@ class Cache:
                 try:
                     os.rmdir(parts[depth - 1], dir_fd=parent)
                 except OSError:
-                    return  # not empty (another model, a concurrent publish), or gone
+                    return  # not empty (another model, a concurrent `make_ready`), or gone
                 finally:
                     os.close(parent)
         finally:
@@ -573,7 +573,7 @@ class Cache:
             (self.quarantine_dir / f"{ref.slug}.json").unlink()
         fs.remove_tree(self.quarantine_dir / ref.slug)
 
-    def unpublish(self, ref: ModelRef) -> None:
+    def remove_ready(self, ref: ModelRef) -> None:
         """Make a model not ready: the ready path disappears in one rename, then the data goes."""
         with fs.storage_errors(self.ready_path(ref)):
             try:
@@ -605,12 +605,12 @@ class Cache:
         fs.remove_tree(doomed)
 
 
-#: how often a publish makes the ready path's parent again when a concurrent prune removed it
-_PUBLISH_ATTEMPTS = 5
+#: how often making a model ready makes the ready path's parent again when a concurrent prune removed it
+_MAKE_READY_ATTEMPTS = 5
 
 
 class _ParentRemovedError(Exception):
-    """The ready path's parent was removed while a publish was using it."""
+    """The ready path's parent was removed while a model was being made ready in it."""
 
 
 def _exists(dir_fd: int, name: str) -> bool:

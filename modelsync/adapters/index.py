@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsync.adapters import fs
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.record import CompletionRecord
 from modelsync.errors import DiskFullError, LocalStorageError
 
@@ -62,7 +63,7 @@ _SCHEMA_IF_MISSING = _SCHEMA.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXIST
 class IndexedModel:
     model: str
     source: str
-    state: str
+    state: CacheState
     size_bytes: int
     files: int
     completed_at: float
@@ -161,7 +162,7 @@ class Index:
                 raise
 
     def put(
-        self, model: str, record: CompletionRecord, inodes: dict[str, tuple[int, int]], state: str
+        self, model: str, record: CompletionRecord, inodes: dict[str, tuple[int, int]], state: CacheState
     ) -> None:
         """Insert or replace a model and its files; `inodes` maps path to (device, inode)."""
         with self.transaction():
@@ -183,7 +184,7 @@ class Index:
             self._db.executemany(
                 "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (model, f.path, f.size, f.xxh3_128, f.etag, *inodes.get(f.path, (0, 0)))
+                    (model, f.path, f.size_bytes, f.xxh3_128, f.etag, *inodes.get(f.path, (0, 0)))
                     for f in record.files
                 ],
             )
@@ -198,7 +199,7 @@ class Index:
 
     def models(self) -> list[IndexedModel]:
         rows = self._db.execute("SELECT * FROM models ORDER BY model").fetchall()
-        return [IndexedModel(*row) for row in rows]
+        return [IndexedModel(row[0], row[1], CacheState(row[2]), *row[3:]) for row in rows]
 
     def files(self) -> list[IndexedFile]:
         rows = self._db.execute("SELECT * FROM files").fetchall()
@@ -213,8 +214,8 @@ class Index:
         else:
             return []
         rows = self._db.execute(
-            f"SELECT f.* FROM files f JOIN models m ON m.model = f.model WHERE m.state = 'ready' AND {query}",
-            args,
+            f"SELECT f.* FROM files f JOIN models m ON m.model = f.model WHERE m.state = ? AND {query}",
+            (CacheState.READY, *args),
         ).fetchall()
         return [IndexedFile(*row) for row in rows]
 

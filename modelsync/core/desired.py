@@ -1,13 +1,17 @@
 """The desired set: what the schedule wants on one pool's nodes at one instant.
 
 This is the daemon's and `modelsync plan`'s shared decision, as a pure function
-of (schedule, pool, now). Each model that targets the pool gets a state:
+of (schedule, pool, now). Each model that targets the pool gets a phase:
 
     active    one of its windows is open now
     prefetch  a window opens within the model's lead time: stage it now
-    keep      its last window closed less than `keep` ago
+    keep      cooldown: its last window closed less than `keep` ago
     upcoming  none of the above; a window will open later
     expired   no window will ever open again and keep has passed
+
+The phase says when the schedule wants a model; it is not the model's state in
+the cache (`core.lifecycle.CacheState`) nor what a plan does about it
+(`core.plan.Action`, whose `keep` means "cached, and stays").
 
 `active`, `prefetch` and `keep` are *protected*: eviction must never pick them,
 because a model evicted inside its lead time would be fetched again minutes
@@ -28,40 +32,43 @@ from modelsync.core.refs import ModelRef
 from modelsync.core.schedule import Schedule, ScheduledModel
 from modelsync.core.windows import Occurrence, current_or_next, previous
 
-__all__ = ["DesiredModel", "ModelState", "desired_models", "protected"]
+__all__ = ["DesiredModel", "SchedulePhase", "desired_models", "protected"]
 
 
-class ModelState(StrEnum):
+class SchedulePhase(StrEnum):
     ACTIVE = "active"
     PREFETCH = "prefetch"
-    KEEP = "keep"
+    #: shown as `keep`, after the schedule field that sets how long it lasts
+    COOLDOWN = "keep"
     UPCOMING = "upcoming"
     EXPIRED = "expired"
+    #: a cached model the schedule does not name for the pool (plans only)
+    UNSCHEDULED = "unscheduled"
 
 
-_PROTECTED_STATES = frozenset({ModelState.ACTIVE, ModelState.PREFETCH, ModelState.KEEP})
+_PROTECTED_PHASES = frozenset({SchedulePhase.ACTIVE, SchedulePhase.PREFETCH, SchedulePhase.COOLDOWN})
 
 
 @dataclass(frozen=True, slots=True)
 class DesiredModel:
     model: ScheduledModel
-    state: ModelState
+    phase: SchedulePhase
     #: the open window, else the next one; None when no window opens again
     window: Occurrence | None
     #: when staging should begin (window start - lead); None when the window is `always`
     prefetch_at: datetime | None
-    #: until when the model is held: the last closed window's end + keep in state `keep`,
+    #: until when the model is held: the last closed window's end + keep in phase `keep`,
     #: else the reported window's end + keep; None when that is never
     keep_until: datetime | None
 
     @property
     def protected(self) -> bool:
         """True when eviction must not pick this model now."""
-        return self.state in _PROTECTED_STATES
+        return self.phase in _PROTECTED_PHASES
 
 
 def desired_models(schedule: Schedule, pool: str, now: datetime) -> tuple[DesiredModel, ...]:
-    """Every model of `pool` with its state at `now`, in fetch order (see the module docstring)."""
+    """Every model of `pool` with its phase at `now`, in fetch order (see the module docstring)."""
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError(f"now must be an aware datetime, got {now!r}")
     found = [_assess(model, now) for model in schedule.for_pool(pool)]
@@ -90,30 +97,30 @@ def _assess(model: ScheduledModel, now: datetime) -> DesiredModel:
     if open_now:
         # the one that closes last decides how long the model stays
         chosen = max(open_now, key=lambda o: _end_key(o.end))
-        return _desired(model, ModelState.ACTIVE, chosen, lead, keep)
+        return _desired(model, SchedulePhase.ACTIVE, chosen, lead, keep)
     chosen_next = min(upcoming, key=lambda o: _start_key(o.start)) if upcoming else None
     starts_in = None if chosen_next is None or chosen_next.start is None else chosen_next.start - now
     if starts_in is not None and starts_in <= lead:
-        return _desired(model, ModelState.PREFETCH, chosen_next, lead, keep)
+        return _desired(model, SchedulePhase.PREFETCH, chosen_next, lead, keep)
     if last_closed is not None and now < last_closed + keep:
-        entry = _desired(model, ModelState.KEEP, chosen_next, lead, keep)
+        entry = _desired(model, SchedulePhase.COOLDOWN, chosen_next, lead, keep)
         return replace(entry, keep_until=last_closed + keep)
-    state = ModelState.UPCOMING if chosen_next is not None else ModelState.EXPIRED
-    return _desired(model, state, chosen_next, lead, keep)
+    phase = SchedulePhase.UPCOMING if chosen_next is not None else SchedulePhase.EXPIRED
+    return _desired(model, phase, chosen_next, lead, keep)
 
 
 def _desired(
     model: ScheduledModel,
-    state: ModelState,
+    phase: SchedulePhase,
     window: Occurrence | None,
     lead: timedelta,
     keep: timedelta,
 ) -> DesiredModel:
     if window is None:
-        return DesiredModel(model, state, None, prefetch_at=None, keep_until=None)
+        return DesiredModel(model, phase, None, prefetch_at=None, keep_until=None)
     return DesiredModel(
         model,
-        state,
+        phase,
         window,
         prefetch_at=None if window.start is None else window.start - lead,
         keep_until=None if window.end is None else window.end + keep,

@@ -1,9 +1,9 @@
 """Which cached models to evict, decided as a pure plan before anything is deleted.
 
 Eviction is *plan, then execute*: these functions only choose. The engine
-unpublishes and deletes what a plan names, `--dry-run` prints `describe()`, and
-tests compare plans without a disk. Nothing here reads the clock; `now` is a
-parameter.
+takes what a plan names out of the ready set and deletes it, `--dry-run` prints
+`describe()`, and tests compare plans without a disk. Nothing here reads the
+clock; `now` is a parameter.
 
 The contract is least-recently-used order, not the smallest set of victims:
 operators can predict LRU, and a greedy walk in that order is O(n log n) on a
@@ -12,7 +12,7 @@ cache of any size. Quarantined entries go first, since they are no longer served
 An entry is *protected* (never chosen to make room) when it is
 
 - pinned: the operator asked to keep it;
-- pulling: its staging belongs to a running pull, and it has no ready path to unpublish;
+- pulling: its staging belongs to a running pull, and it has no ready path to remove;
 - leased: a running consumer declared it in use until `in_use_until`;
 - in use: pulled or touched less than `grace_s` ago, so a consumer that is about
   to open it is not surprised (the daemon's default grace is 10 minutes);
@@ -25,24 +25,18 @@ last entry holding it is evicted.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.units import format_bytes, format_duration
 from modelsync.errors import NotFoundError, UsageError
 
 _NOTHING_PROTECTED: Mapping[str, str] = MappingProxyType({})
 #: how many protected models a one-line summary names before saying "and N more"
 _SUMMARY_NAMES = 5
-
-
-class EntryState(enum.Enum):
-    READY = "ready"
-    PULLING = "pulling"
-    QUARANTINED = "quarantined"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +57,9 @@ class CacheEntry:
 
     model: str
     #: epoch seconds of the last pull or touch
-    last_used: float
+    last_used_at: float
     pinned: bool = False
-    state: EntryState = EntryState.READY
+    state: CacheState = CacheState.READY
     #: epoch seconds until which a running consumer holds a lease; None when none does
     in_use_until: float | None = None
     blobs: frozenset[Blob] = frozenset()
@@ -233,7 +227,7 @@ def plan_unused(
     """Every eligible entry not used for at least `unused_for_s` (`evict --unused-for`)."""
     cached = tuple(entries)
     eligible, _, protections = _partition(cached, now, grace_s, protected)
-    victims = [e for e in eligible if now - e.last_used >= unused_for_s]
+    victims = [e for e in eligible if now - e.last_used_at >= unused_for_s]
     ledger = _Ledger(cached)
     freed = sum(ledger.remove(e) for e in victims)
     return EvictionPlan(
@@ -250,7 +244,7 @@ def plan_named(entries: Iterable[CacheEntry], models: Iterable[str], force: bool
 
     An explicit request overrides recency and leases, and `force` overrides a
     pin. A pull in progress is refused even with `force`: its files are still
-    being written by another process and it has no ready path to unpublish.
+    being written by another process and it has no ready path to remove.
     """
     cached = tuple(entries)
     by_model = {e.model: e for e in cached}
@@ -259,7 +253,7 @@ def plan_named(entries: Iterable[CacheEntry], models: Iterable[str], force: bool
         entry = by_model.get(model)
         if entry is None:
             raise NotFoundError(f"no cached model {model!r}; run `modelsync ls`")
-        if entry.state is EntryState.PULLING:
+        if entry.state is CacheState.PULLING:
             raise UsageError(
                 f"cannot evict {model!r} while it is being pulled (its files are still "
                 "being written); retry when the pull has finished or been stopped"
@@ -365,7 +359,7 @@ def _partition(
 
 def _eviction_order(entry: CacheEntry) -> tuple[bool, float, str]:
     """Quarantined first, then least recently used; the name breaks ties so plans repeat."""
-    return (entry.state is not EntryState.QUARANTINED, entry.last_used, entry.model)
+    return (entry.state is not CacheState.QUARANTINED, entry.last_used_at, entry.model)
 
 
 def _protection_reason(
@@ -374,12 +368,12 @@ def _protection_reason(
     """The first reason `entry` must stay, strongest first, or None if it may go."""
     if entry.pinned:
         return "pinned"
-    if entry.state is EntryState.PULLING:
+    if entry.state is CacheState.PULLING:
         return "pulling"
     if entry.in_use_until is not None and entry.in_use_until > now:
         until = datetime.fromtimestamp(entry.in_use_until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return f"leased by a consumer until {until}"
-    idle_s = now - entry.last_used
+    idle_s = now - entry.last_used_at
     if idle_s < grace_s:
         return f"in use: used {format_duration(max(0.0, idle_s))} ago, grace {format_duration(grace_s)}"
     return protected.get(entry.model)

@@ -38,7 +38,8 @@ _HEX128 = re.compile(r"^[0-9a-f]{32}$")
 @dataclass(frozen=True, slots=True)
 class FileEntry:
     path: str
-    size: int
+    #: `size` in the manifest and the completion record
+    size_bytes: int
     xxh3_128: str
     etag: str | None = None
 
@@ -49,14 +50,14 @@ class Manifest:
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size_bytes for f in self.files)
 
 
 def render_manifest(files: Iterable[FileEntry]) -> bytes:
     """Serialise deterministically (sorted by path) so equal models give equal bytes."""
     entries = []
     for f in sorted(files, key=lambda e: e.path):
-        entry: dict[str, object] = {"path": f.path, "size": f.size, "xxh3_128": f.xxh3_128}
+        entry: dict[str, object] = {"path": f.path, "size": f.size_bytes, "xxh3_128": f.xxh3_128}
         if f.etag is not None:
             entry["etag"] = f.etag
         entries.append(entry)
@@ -115,4 +116,4 @@ def parse_file_entry(raw: object, i: int, bad: Callable[[str], ManifestError]) -
         raise bad(f"files[{i}].xxh3_128 is not 32 lowercase hex digits")
     if etag is not None and not isinstance(etag, str):
         raise bad(f"files[{i}].etag is not a string")
-    return FileEntry(path=path, size=size, xxh3_128=digest, etag=etag.strip('"') if etag else None)
+    return FileEntry(path=path, size_bytes=size, xxh3_128=digest, etag=etag.strip('"') if etag else None)

@@ -33,15 +33,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
-from modelsync.core.desired import DesiredModel, ModelState, desired_models
-from modelsync.core.eviction import CacheEntry, EntryState, EvictionPlan, budget_use, plan_eviction
+from modelsync.core.desired import DesiredModel, SchedulePhase, desired_models
+from modelsync.core.eviction import CacheEntry, EvictionPlan, budget_use, plan_eviction
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.schedule import Schedule
 from modelsync.core.units import format_bytes, format_duration
 from modelsync.core.windows import load_zone
 from modelsync.errors import UsageError
 
 __all__ = [
-    "UNSCHEDULED",
     "Action",
     "NodePlan",
     "PlannedModel",
@@ -53,10 +53,8 @@ __all__ = [
     "start_jitter_s",
 ]
 
-#: the state of a cached model that the schedule does not name for this pool
-UNSCHEDULED = "unscheduled"
 _NO_SIZES: Mapping[str, int] = MappingProxyType({})
-_WANTED_NOW = frozenset({ModelState.ACTIVE, ModelState.PREFETCH})
+_WANTED_NOW = frozenset({SchedulePhase.ACTIVE, SchedulePhase.PREFETCH})
 
 
 class Action(enum.StrEnum):
@@ -72,8 +70,8 @@ class PlannedModel:
     model_id: str
     #: the schedule's short name, else the model id
     label: str
-    #: a `ModelState` value, or `UNSCHEDULED`
-    state: str
+    #: when the schedule wants it; `UNSCHEDULED` for a cached model it does not name
+    phase: SchedulePhase
     action: Action
     #: None when neither the cache nor the caller knows it
     size_bytes: int | None
@@ -101,7 +99,7 @@ class PlannedModel:
         if self.action is not Action.FETCH and self.action is not Action.LATER:
             return False
         margin = self.margin_s
-        return (margin is not None and margin < 0) or self.always or self.state == ModelState.ACTIVE
+        return (margin is not None and margin < 0) or self.always or self.phase is SchedulePhase.ACTIVE
 
     def note(self, now: datetime) -> str:
         """The one phrase a table shows about timing: "ready 4m after the window opens"."""
@@ -176,11 +174,11 @@ def plan_node(
     spares models used that recently, as the engine does.
     """
     entries = tuple(entries)
-    cached = {e.model: e for e in entries if e.state is EntryState.READY}
-    claimed = {e.model for e in entries if e.state is EntryState.PULLING}
+    cached = {e.model: e for e in entries if e.state is CacheState.READY}
+    claimed = {e.model for e in entries if e.state is CacheState.PULLING}
     desired = desired_models(schedule, pool, now)
     reasons = protection_reasons(desired)
-    fetching = [d for d in desired if d.state in _WANTED_NOW and d.model.source.model_id not in cached]
+    fetching = [d for d in desired if d.phase in _WANTED_NOW and d.model.source.model_id not in cached]
     # a pull already running counts through the space it claimed, not twice
     incoming = sum(
         remote_sizes.get(model_id, 0)
@@ -200,7 +198,7 @@ def plan_node(
         PlannedModel(
             model_id=model_id,
             label=model_id,
-            state=UNSCHEDULED,
+            phase=SchedulePhase.UNSCHEDULED,
             action=Action.EVICT if model_id in victims else Action.KEEP,
             size_bytes=entry.size_bytes,
             window_start=None,
@@ -231,7 +229,7 @@ def protection_reasons(desired: Iterable[DesiredModel]) -> dict[str, str]:
     reservation honour, so a model inside its lead time is never evicted.
     """
     return {
-        d.model.source.model_id: f"the schedule needs it: {d.state.value} on {d.model.label}"
+        d.model.source.model_id: f"the schedule needs it: {d.phase.value} on {d.model.label}"
         for d in desired
         if d.protected
     }
@@ -282,9 +280,9 @@ def _expected_ready(
         size = remote_sizes.get(model_id)
         if model_id in cached or size is None:
             continue
-        if d.state in _WANTED_NOW:
+        if d.phase in _WANTED_NOW:
             start = cursor
-        elif d.state is ModelState.UPCOMING and d.prefetch_at is not None:
+        elif d.phase is SchedulePhase.UPCOMING and d.prefetch_at is not None:
             start = max(cursor, d.prefetch_at)
         else:
             continue
@@ -305,9 +303,9 @@ def _planned(
     entry = cached.get(model_id)
     if entry is not None:
         action = Action.EVICT if model_id in victims else Action.KEEP
-    elif d.state in _WANTED_NOW:
+    elif d.phase in _WANTED_NOW:
         action = Action.FETCH
-    elif d.state is ModelState.UPCOMING:
+    elif d.phase is SchedulePhase.UPCOMING:
         action = Action.LATER
     else:
         action = Action.SKIP
@@ -315,7 +313,7 @@ def _planned(
     return PlannedModel(
         model_id=model_id,
         label=d.model.label,
-        state=d.state.value,
+        phase=d.phase,
         action=action,
         size_bytes=entry.size_bytes if entry is not None else remote_sizes.get(model_id),
         window_start=None if window is None else window.start,
@@ -353,7 +351,7 @@ def plan_json(plan: NodePlan) -> dict[str, object]:
             {
                 "model": m.model_id,
                 "label": m.label,
-                "state": m.state,
+                "state": m.phase.value,
                 "action": m.action.value,
                 "size_bytes": m.size_bytes,
                 "window_start": iso(m.window_start),
@@ -391,7 +389,7 @@ def render_plan(plan: NodePlan) -> list[str]:
             (
                 m.action.value,
                 m.label,
-                m.state,
+                m.phase.value,
                 "?" if m.size_bytes is None else format_bytes(m.size_bytes),
                 _window_text(m, plan.at),
                 ("LATE: " if m.late else "") + m.note(plan.at),

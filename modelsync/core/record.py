@@ -1,6 +1,6 @@
 """Completion records: what a ready model holds, so checks need no network.
 
-Written by a pull just before the model is published, read by a warm pull,
+Written by a pull just before the model is made ready, read by a warm pull,
 `ls`, `verify` and the index rebuild. Format `modelsync-record`, version 1:
 
     {"format": "modelsync-record", "version": 1,
@@ -12,7 +12,7 @@ Written by a pull just before the model is published, read by a warm pull,
 `verified_by` is the weakest check any file passed: a model without a manifest
 whose objects have opaque ETags was checked for size only, and says so.
 `signer` (optional) names who signed the model when its OpenSSF signature was
-verified before it was published; records without it were not checked.
+verified before it was made ready; records without it were not checked.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ class CompletionRecord:
     completed_at: float
     verified_by: str
     files: tuple[FileEntry, ...]
-    #: who signed the model, when its signature was verified before publishing
+    #: who signed the model, when its signature was verified before it was made ready
     signer: str | None = None
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size_bytes for f in self.files)
 
 
 def weakest(verifiers: list[str]) -> str:
@@ -55,7 +55,7 @@ def render_record(record: CompletionRecord) -> bytes:
         "completed_at": record.completed_at,
         "verified_by": record.verified_by,
         "files": [
-            {"path": f.path, "size": f.size, "xxh3_128": f.xxh3_128, "etag": f.etag}
+            {"path": f.path, "size": f.size_bytes, "xxh3_128": f.xxh3_128, "etag": f.etag}
             for f in sorted(record.files, key=lambda f: f.path)
         ],
     }

@@ -19,14 +19,11 @@ from pathlib import Path
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.index import Index, IndexedModel
-from modelsync.core.eviction import Blob, CacheEntry, EntryState
+from modelsync.core.eviction import Blob, CacheEntry
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.record import CompletionRecord, parse_record
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import LocalStorageError, ManifestError, ModelsyncError, NotFoundError
-
-READY = "ready"
-QUARANTINED = "quarantined"
-PULLING = "pulling"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +32,9 @@ class ModelView:
 
     model: str
     source: str
-    state: str
+    state: CacheState
     size_bytes: int
-    last_used: float
+    last_used_at: float
     pinned: bool
     verified_at: float | None
     verified_by: str
@@ -82,9 +79,13 @@ class Catalog:
                 self._put(ref, record, state)
         return len(stale)
 
-    def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, str]]]:
+    def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, CacheState]]]:
         # Quarantine first, so a ready record of the same model (pulled again since) wins.
-        for directory, state in ((self.cache.quarantine_dir, QUARANTINED), (self.cache.records_dir, READY)):
+        places = (
+            (self.cache.quarantine_dir, CacheState.QUARANTINED),
+            (self.cache.records_dir, CacheState.READY),
+        )
+        for directory, state in places:
             for path in _json_files(directory):
                 record = _read_record(path)
                 if record is None:
@@ -97,11 +98,13 @@ class Catalog:
                     continue
                 yield ref.model_id, (ref, record, state)
 
-    def _data_dir(self, ref: ModelRef, state: str) -> Path:
-        return self.cache.ready_path(ref) if state == READY else self.cache.quarantine_dir / ref.slug
+    def _data_dir(self, ref: ModelRef, state: CacheState) -> Path:
+        if state is CacheState.READY:
+            return self.cache.ready_path(ref)
+        return self.cache.quarantine_dir / ref.slug
 
-    def register(self, ref: ModelRef, record: CompletionRecord, state: str = READY) -> None:
-        """Add or replace a model's row, after its record was written (a publish, a quarantine).
+    def register(self, ref: ModelRef, record: CompletionRecord, state: CacheState = CacheState.READY) -> None:
+        """Add or replace a model's row, after its record was written (`make_ready`, a quarantine).
 
         The record on disk already made the change; the row only follows it. When the
         index cannot be written (disk full), the row is left for the next open to bring
@@ -110,7 +113,7 @@ class Catalog:
         with contextlib.suppress(LocalStorageError):
             self._put(ref, record, state)
 
-    def _put(self, ref: ModelRef, record: CompletionRecord, state: str) -> None:
+    def _put(self, ref: ModelRef, record: CompletionRecord, state: CacheState) -> None:
         """Add or replace a model's row, with the inode of each file for hard-link accounting."""
         root = self._data_dir(ref, state)
         inodes = {}
@@ -135,7 +138,7 @@ class Catalog:
                     ModelView(
                         ref.model_id,
                         ref.uri,
-                        PULLING,
+                        CacheState.PULLING,
                         n_bytes,
                         0.0,
                         self.cache.is_pinned(ref),
@@ -150,15 +153,15 @@ class Catalog:
         ref = parse_model_name(row.model)
         # a quarantined model failed its last check; otherwise the latest of the pull, `verify`
         # and `pull --verify` (whose marker may be newer than the row)
-        verified_at = (
-            None if row.state == QUARANTINED else _latest(row.verified_at, self.cache.verified_at(ref))
-        )
+        verified_at = None
+        if row.state is not CacheState.QUARANTINED:
+            verified_at = _latest(row.verified_at, self.cache.verified_at(ref))
         return ModelView(
             model=row.model,
             source=row.source,
             state=row.state,
             size_bytes=row.size_bytes,
-            last_used=self.cache.last_used(ref) or row.completed_at,
+            last_used_at=self.cache.last_used(ref) or row.completed_at,
             pinned=self.cache.is_pinned(ref),
             verified_at=verified_at,
             verified_by=row.verified_by,
@@ -185,19 +188,18 @@ class Catalog:
             blobs.setdefault(f.model, set()).add(Blob(key, f.size_bytes))
         entries = []
         for view in self.views() if views is None else views:
-            if view.state == PULLING:
+            if view.state is CacheState.PULLING:
                 reserved = {Blob((-2, _stable_id(view.model, "")), view.size_bytes)}
                 entries.append(
-                    CacheEntry(view.model, 0.0, view.pinned, EntryState.PULLING, None, frozenset(reserved))
+                    CacheEntry(view.model, 0.0, view.pinned, CacheState.PULLING, None, frozenset(reserved))
                 )
                 continue
-            state = EntryState.QUARANTINED if view.state == QUARANTINED else EntryState.READY
             entries.append(
                 CacheEntry(
                     model=view.model,
-                    last_used=view.last_used,
+                    last_used_at=view.last_used_at,
                     pinned=view.pinned,
-                    state=state,
+                    state=view.state,
                     in_use_until=view.lease_until,
                     blobs=frozenset(blobs.get(view.model, ())),
                 )

@@ -35,7 +35,7 @@ class EvictionResult:
 
 
 def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResult:
-    """Unpublish and delete `models`; a model whose lock is held is skipped, not waited for."""
+    """Take `models` out of the ready set, delete them; one whose lock is held is skipped, not awaited."""
     evicted, skipped = [], []
     for model in models:
         ref = parse_model_name(model)
@@ -48,7 +48,7 @@ def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResu
             # per-victim lookup of its state, which would read every model's markers again.
             fs.remove_tree(cache.quarantine_dir / ref.slug)
             (cache.quarantine_dir / f"{ref.slug}.json").unlink(missing_ok=True)
-            cache.unpublish(ref)
+            cache.remove_ready(ref)
             cache.prune_parents(ref)
             cache.forget(ref)
             catalog.index.remove([model])

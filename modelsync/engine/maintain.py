@@ -20,11 +20,12 @@ from pathlib import Path
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, Journal
 from modelsync.adapters.foreground import remove_if_stale, stale_markers
+from modelsync.core.lifecycle import CacheState
 from modelsync.core.parts import layout_bytes, plan_parts
 from modelsync.core.record import CompletionRecord, parse_record, render_record
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME, Mode, SignatureRule
-from modelsync.engine.catalog import QUARANTINED, READY, Catalog
+from modelsync.engine.catalog import Catalog
 from modelsync.engine.ready import Problem, full_check, quick_check
 from modelsync.engine.trust import full_recheck
 from modelsync.errors import ModelsyncError, NotFoundError
@@ -44,7 +45,7 @@ class Removal(enum.Enum):
 
     #: a file, or a tree that no process uses any more
     DELETE = "delete"
-    #: an empty directory of the model tree: only while still empty (a publish may fill it)
+    #: an empty directory of the model tree: only while still empty (a `make_ready` may fill it)
     RMDIR = "rmdir"
     #: a foreground marker: only under its lock (a pull may announce itself again)
     UNLOCKED = "unlocked"
@@ -85,7 +86,7 @@ def verify(
         views = [catalog.require(parse_model_name(model).model_id)]
     report = VerifyReport()
     for view in views:
-        if view.state != READY:
+        if view.state is not CacheState.READY:
             continue
         ref = parse_model_name(view.model)
         rule = signatures(ref) if signatures is not None and full else SignatureRule("", Mode.OFF)
@@ -142,7 +143,7 @@ def _strays(root: Path, record: CompletionRecord) -> list[Problem]:
 
 
 def _quarantine(cache: Cache, catalog: Catalog, ref: ModelRef, record: CompletionRecord) -> None:
-    """Unpublish in one rename, keeping the data for --repair; the caller holds the model's lock."""
+    """Take a model out of the ready set in one rename, data kept for --repair; the caller holds its lock."""
     target = cache.quarantine_dir / ref.slug
     fs.remove_tree(target)
     with fs.storage_errors(target):
@@ -150,14 +151,14 @@ def _quarantine(cache: Cache, catalog: Catalog, ref: ModelRef, record: Completio
         os.rename(cache.ready_path(ref), target)
         cache.record_path(ref).unlink(missing_ok=True)
     cache.prune_parents(ref)
-    catalog.register(ref, record, QUARANTINED)
+    catalog.register(ref, record, CacheState.QUARANTINED)
 
 
 def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: int) -> ModelRef:
     """Turn a quarantined model back into a resumable staging area that keeps its good files."""
     ref = parse_model_name(model)
     record_path = cache.quarantine_dir / f"{ref.slug}.json"
-    if catalog.require(ref.model_id).state != QUARANTINED or not record_path.exists():
+    if catalog.require(ref.model_id).state is not CacheState.QUARANTINED or not record_path.exists():
         raise NotFoundError(
             f"{ref.model_id!r} is not quarantined; `modelsync verify` quarantines damaged models"
         )
@@ -196,7 +197,8 @@ def stage_good_files(
         for f in record.files:
             if f.path in bad or f.etag is None:
                 continue
-            journal.begin_file(f.path, f.etag, f.size, layout_bytes(plan_parts(f.size, part_size_bytes)))
+            layout = layout_bytes(plan_parts(f.size_bytes, part_size_bytes))
+            journal.begin_file(f.path, f.etag, f.size_bytes, layout)
             journal.file_verified(f.path, f.xxh3_128, record.verified_by)
         journal.close()
 
@@ -204,7 +206,7 @@ def stage_good_files(
 def repair_ready(
     cache: Cache, ref: ModelRef, record: CompletionRecord, bad: set[str], part_size_bytes: int
 ) -> None:
-    """Unpublish a damaged ready model into staging, keeping its good files for the next pull.
+    """Move a damaged ready model back into staging, keeping its good files for the next pull.
 
     The ready path disappears in one rename before the record goes, so the model
     is never served while it is repaired. The caller holds the model's lock.
@@ -220,7 +222,7 @@ def verify_ready(
     """Re-hash a ready model (`pull --verify`): record the verification, or stage its bad files.
 
     None when the model is not ready; otherwise its problems, and a damaged model
-    is left unpublished with its good files staged for the pull that follows.
+    is left not ready with its good files staged for the pull that follows.
     `on_wait` hears who holds the model's lock while this waits for it.
     """
     with cache.locked(ref, on_wait):
@@ -339,7 +341,7 @@ def collect_garbage(cache: Cache, catalog: Catalog, older_than_s: float) -> list
             try:
                 os.rmdir(item.path)
             except OSError:
-                continue  # no longer empty: a publish is using it
+                continue  # no longer empty: a `make_ready` is using it
         elif item.how is Removal.UNLOCKED:
             if not remove_if_stale(item.path):
                 continue

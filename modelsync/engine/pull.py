@@ -1,4 +1,4 @@
-"""Pull one model revision into the cache: plan, fetch through one window, verify, publish.
+"""Pull one model revision into the cache: plan, fetch through one window, verify, make ready.
 
 Shape of a pull:
 1. Take the model's lock (single-flight between processes); re-check readiness.
@@ -10,8 +10,8 @@ Shape of a pull:
    against the manifest digest or the ETag; a mismatch refetches the file once.
    When the model's signature is in play, SHA-256 is computed in the same pass.
 6. Final check (engine/trust.py): the signature lists exactly these files and
-   digests, and the safetensors headers add up; else nothing is published.
-7. Publish: record first, then one rename of the staging directory.
+   digests, and the safetensors headers add up; else nothing is made ready.
+7. Make ready: record first, then one rename of the staging directory.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class PullResult:
     path: Path
     total_bytes: int
     fetched_bytes: int
-    seconds: float
+    elapsed_s: float
     files: int
     #: models the pull's space reservation evicted to make room, so callers can count them exactly
     evicted: tuple[str, ...] = ()
@@ -194,7 +194,7 @@ def pull(
         path=path,
         total_bytes=plan.total_bytes,
         fetched_bytes=note.counter.fetched_bytes,
-        seconds=time.monotonic() - started,
+        elapsed_s=time.monotonic() - started,
         files=len(plan.files),
         evicted=puller.evicted,
     )
@@ -293,7 +293,7 @@ class _Puller:
                 return self.cache.ready_path(self.ref), plan_pull(files, self.settings.part_size_bytes, {})
             state = self.staging.journal.load()
             if not set(state.files) <= {f.path for f in files}:
-                # A journal naming a file the model no longer has would publish a stray file: start over.
+                # A journal naming a file the model no longer has would make a stray file ready: start over.
                 state = JournalState()
             resume = bool(state.files)
             plan = plan_pull(files, self.settings.part_size_bytes, state.done_parts(), state.part_sizes())
@@ -346,7 +346,7 @@ class _Puller:
                 ),
                 signer=signer,
             )
-            path = await asyncio.to_thread(self.cache.publish, self.ref, self.staging, record)
+            path = await asyncio.to_thread(self.cache.make_ready, self.ref, self.staging, record)
             self.catalog.register(self.ref, record)
             return path, plan
 
@@ -422,7 +422,7 @@ class _Puller:
                         f"not found: s3://{self.ref.bucket}/{key} is in the manifest but not in "
                         "the bucket; republish the model"
                     )
-                files.append(RemoteFile(key, f.path, f.size, etag, f.xxh3_128))
+                files.append(RemoteFile(key, f.path, f.size_bytes, etag, f.xxh3_128))
             return files
         listing = await self.s3.list_model(self.ref)
         return [self._remote(o) for o in listing if not o.key.endswith("/")]
@@ -495,9 +495,9 @@ class _Puller:
                 await self._fetch_missing(work, _Prefix(work, hasher, fd))
             if self.staging.on_disk and len(work.parts) > 1:
                 # Flush a large file as it completes, while other files still download,
-                # rather than all of them at publish time (tmpfs has nothing to flush). Its
+                # rather than all of them at make-ready time (tmpfs has nothing to flush). Its
                 # data is on disk already (write-behind); this makes its size and extents
-                # durable. A one-part file waits for publish's single syncfs: thousands of
+                # durable. A one-part file waits for make_ready's single syncfs: thousands of
                 # small files would each pay a journal commit here.
                 await asyncio.to_thread(os.fdatasync, fd)
             return hasher.digest()
@@ -772,7 +772,7 @@ def _mismatch(f: RemoteFile, detail: str) -> ChecksumMismatchError:
 
 def _unchanged(record: CompletionRecord, files: list[RemoteFile]) -> bool:
     """Whether the source still holds exactly the objects the ready revision was made from."""
-    have = {(f.path, f.size, f.etag) for f in record.files}
+    have = {(f.path, f.size_bytes, f.etag) for f in record.files}
     return have == {(f.path, f.size_bytes, f.etag) for f in files}
 
 

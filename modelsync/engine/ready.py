@@ -37,8 +37,8 @@ def quick_check(root: Path, record: CompletionRecord) -> list[Problem]:
             problems.append(Problem(f.path, "is a symlink"))
         elif not stat.S_ISREG(st.st_mode):
             problems.append(Problem(f.path, "not a regular file"))
-        elif st.st_size != f.size:
-            problems.append(Problem(f.path, f"size {st.st_size}, recorded {f.size}"))
+        elif st.st_size != f.size_bytes:
+            problems.append(Problem(f.path, f"size {st.st_size}, recorded {f.size_bytes}"))
     return problems
 
 
@@ -57,7 +57,7 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
                 continue
             fd = fs.open_file_beneath(root_fd, PurePosixPath(f.path), os.O_RDONLY)
             try:
-                both = hash_fd(fd, f.size, sha256=sha256s is not None)
+                both = hash_fd(fd, f.size_bytes, sha256=sha256s is not None)
             finally:
                 os.close(fd)
             digest = both.xxh3_128

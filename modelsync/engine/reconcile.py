@@ -466,12 +466,16 @@ class Reconciler:
         if self.config.refresh_s:
             self._refresh_at[model_id] = self._clock() + self.config.refresh_s  # it was just checked
         margin = self._margin_s(model_id)
-        self.metrics.pull_succeeded(job.label, result.seconds, margin)
+        self.metrics.pull_succeeded(job.label, result.elapsed_s, margin)
         log.info(
             "%s is ready at %s",
             job.label,
             result.path,
-            extra={"model": job.label, "seconds": round(result.seconds, 3), "ready_before_window_s": margin},
+            extra={
+                "model": job.label,
+                "seconds": round(result.elapsed_s, 3),
+                "ready_before_window_s": margin,
+            },
         )
         for waiter in self._waiters.pop(model_id, []):
             if not waiter.done():

@@ -44,7 +44,7 @@ def scrub(root: Path, files: Iterable[tuple[str, int]]) -> list[Problem]:
 
 
 def raise_first(problems: list[Problem]) -> None:
-    """For the pull's final check: the first problem as the error that stops the publish."""
+    """For the pull's final check: the first problem as the error that keeps the model from being ready."""
     if problems:
         p = problems[0]
         raise MalformedModelError(

@@ -1,4 +1,4 @@
-"""A pull's last word before publishing: the model's signature and its safetensors headers.
+"""A pull's last word before the model is made ready: the model's signature and its safetensors headers.
 
 The signature policy (core/signature.py) decides whether the model's `model.sig`
 is looked at. When it is, the pull hashes every file with SHA-256 as its parts
@@ -77,7 +77,7 @@ def final_check(
     signature: SignatureCheck,
     sha256s: Mapping[str, str],
 ) -> str | None:
-    """Refuse to publish a model whose signature or safetensors headers do not hold; the signer.
+    """Refuse to make ready a model whose signature or safetensors headers do not hold; the signer.
 
     Blocking (run it in a thread). `sha256s` are the digests computed while the
     files downloaded; any file without one is hashed here.
@@ -116,7 +116,7 @@ def full_recheck(
     signed = rule.mode is not Mode.OFF and signature_name in paths
     sha256s: dict[str, str] | None = {} if signed else None
     problems = full_check(root, record, sha256s)
-    problems += scrub(root, [(f.path, f.size) for f in record.files])
+    problems += scrub(root, [(f.path, f.size_bytes) for f in record.files])
     if rule.mode is Mode.REQUIRED and signature_name not in paths:
         problems.append(Problem(signature_name, "missing, and the signature policy requires one"))
     if not signed or sha256s is None or any(p.path == signature_name for p in problems):

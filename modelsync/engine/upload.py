@@ -39,7 +39,7 @@ MAX_OPEN_FILES = 32
 
 
 @dataclass(frozen=True, slots=True)
-class PublishResult:
+class UploadResult:
     files: int
     total_bytes: int
     #: the signature's key under the prefix, when the model was signed
@@ -81,17 +81,17 @@ def local_files(directory: Path, skip: frozenset[str] = frozenset()) -> list[tup
     return sorted(found)
 
 
-async def publish(
+async def upload(
     settings: Settings,
     directory: Path,
     ref: ModelRef,
     events: PullEvents | None = None,
     signing: SigningKey | None = None,
-) -> PublishResult:
+) -> UploadResult:
     """Upload `directory` to `ref`, sign it when `signing` is given, and write the manifest last.
 
     `events` hears the plan and every byte sent, as a pull's would. A signature
-    already in the directory is uploaded as it is, unless this publish signs:
+    already in the directory is uploaded as it is, unless this upload signs:
     then it is replaced by the new one.
     """
     signer = None
@@ -124,8 +124,8 @@ async def publish(
             signature_key = ref.prefix + entry.path
             entries.append(entry)
         await s3.put_bytes(ref.bucket, ref.prefix + MANIFEST_NAME, render_manifest(entries))
-    return PublishResult(
-        files=len(entries), total_bytes=sum(e.size for e in entries), signature_key=signature_key
+    return UploadResult(
+        files=len(entries), total_bytes=sum(e.size_bytes for e in entries), signature_key=signature_key
     )
 
 
@@ -137,7 +137,7 @@ async def _upload_signature(
     # Ignored by verifiers that hash a downloaded prefix: the bundle itself and our manifest.
     bundle = await asyncio.to_thread(signer.sign, model_name, sha256s, (name, MANIFEST_NAME))
     etag = await s3.put_bytes(ref.bucket, ref.prefix + name, bundle)
-    return FileEntry(path=name, size=len(bundle), xxh3_128=xxh3_of(bundle), etag=etag)
+    return FileEntry(path=name, size_bytes=len(bundle), xxh3_128=xxh3_of(bundle), etag=etag)
 
 
 async def _upload_file(
@@ -166,7 +166,7 @@ async def _upload_file(
             etag = await _multipart(s3, window, ref.bucket, key, fd, parts, events)
     finally:
         os.close(fd)
-    return FileEntry(path=rel, size=size, xxh3_128=digest.xxh3_128, etag=etag), digest.sha256
+    return FileEntry(path=rel, size_bytes=size, xxh3_128=digest.xxh3_128, etag=etag), digest.sha256
 
 
 async def _multipart(

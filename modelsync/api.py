@@ -34,7 +34,7 @@ from typing import Any
 
 from modelsync.adapters.cache import STATE_DIR
 from modelsync.core.refs import ModelRef
-from modelsync.errors import ExitCode, LocalStorageError, ModelsyncError, UsageError
+from modelsync.errors import LocalStorageError, ModelsyncError, UsageError, error_from_code
 
 SOCKET_NAME = "daemon.sock"
 SOCKET_MODE = 0o660
@@ -54,14 +54,12 @@ def error_reply(exc: ModelsyncError) -> Message:
 
 
 def error_from_reply(reply: Message) -> ModelsyncError:
-    """The daemon's error as the CLI raises it: same message, code and exit code."""
-    exc = ModelsyncError(str(reply.get("error", "the daemon refused the request")))
-    exc.code = str(reply.get("code", "internal"))
-    try:
-        exc.exit_code = ExitCode(int(reply.get("exit_code", ExitCode.INTERNAL)))
-    except ValueError:
-        exc.exit_code = ExitCode.INTERNAL
-    return exc
+    """The daemon's error as the CLI raises it: its own class again, same message and exit code."""
+    message = str(reply.get("error", "the daemon refused the request"))
+    exit_code = reply.get("exit_code")
+    return error_from_code(
+        str(reply.get("code", "internal")), message, exit_code if isinstance(exit_code, int) else None
+    )
 
 
 async def serve(path: Path, handler: Handler) -> asyncio.Server:

@@ -13,6 +13,7 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     ├── NotFoundError (3)           bucket, prefix, key, cache or cached model does not exist
     │   └── BucketNotFoundError     the bucket itself does not exist
     ├── AccessDeniedError (4)       credentials rejected or not allowed
+    │   └── PresignedUrlExpiredError a presigned URL or its credentials expired: presign again
     ├── IntegrityError (5)
     │   ├── ChecksumMismatchError   bytes do not match the recorded digest or ETag
     │   ├── ObjectChangedError      the object was overwritten during the pull
@@ -26,10 +27,19 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     ├── LocalStorageError (6)
     │   └── DiskFullError           not enough space for the model
     ├── RemoteUnavailableError (7)  endpoint unreachable or failing after retries
-    └── SourceNotAllowedError (8)   the node daemon does not serve this source to tenants
+    │   └── UnexpectedResponseError the endpoint answered, but not with the range asked for
+    ├── SourceNotAllowedError (8)   the node daemon does not serve this source to tenants
+    └── PullCancelledError (130)    the caller cancelled the pull; its journal keeps the parts
+
+    TransientFetchError             not a user error: a ranged GET worth retrying, and how
+                                    far it got; the pull retries it and never lets it out
 
 Only adapters translate foreign exceptions (botocore, aiohttp, OSError) into
 these; the core raises them directly.
+
+Every class has its own `code`. An error that crosses a process boundary (the
+daemon's socket sends `code`, message and exit code) is rebuilt as its class by
+`error_from_code`, so `except NotFoundError` catches a daemon's "not found" too.
 """
 
 from __future__ import annotations
@@ -160,6 +170,62 @@ class RemoteUnavailableError(ModelsyncError):
     code = "remote_unavailable"
 
 
+class UnexpectedResponseError(RemoteUnavailableError):
+    """The endpoint answered, but not with the range asked for; retrying won't fix it."""
+
+    code = "unexpected_response"
+
+
+class PresignedUrlExpiredError(AccessDeniedError):
+    """The presigned URL, or the credentials that signed it, expired: presign again, then retry.
+
+    ``token_expired`` is set when the store said the credentials themselves expired
+    (``ExpiredToken``): the credential chain must be resolved afresh first.
+    """
+
+    code = "presign_expired"
+
+    def __init__(self, message: str, *, token_expired: bool = False) -> None:
+        super().__init__(message)
+        self.token_expired = token_expired
+
+
+class PullCancelledError(ModelsyncError):
+    """The caller set the pull's cancel event; the journal keeps what was written, so a later pull resumes."""
+
+    exit_code = ExitCode.INTERRUPTED
+    code = "cancelled"
+
+
+class TransientFetchError(Exception):
+    """A failure worth retrying; ``bytes_written`` bytes of the range are on disk.
+
+    Not a `ModelsyncError`: the pull retries it and, when retries run out, raises
+    a `RemoteUnavailableError` in its place. The caller resumes with
+    ``start + bytes_written``. ``reason`` is the S3 error code when the server
+    sent one (``SlowDown``, ``InternalError``) or one of ``connect``, ``reset``,
+    ``truncated``, ``timeout``, ``http-<status>``. ``throttled`` says the store
+    asked for less load (503, 429, ``SlowDown``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bytes_written: int,
+        reason: str,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        throttled: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.bytes_written = bytes_written
+        self.reason = reason
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.throttled = throttled
+
+
 class SourceNotAllowedError(ModelsyncError):
     """A request over the daemon's socket for a source neither in the schedule nor in its allowed prefixes.
 
@@ -169,3 +235,32 @@ class SourceNotAllowedError(ModelsyncError):
 
     exit_code = ExitCode.NOT_ALLOWED
     code = "not_allowed"
+
+
+def _every_error(base: type[ModelsyncError]) -> list[type[ModelsyncError]]:
+    found = [base]
+    for sub in base.__subclasses__():
+        found += _every_error(sub)
+    return found
+
+
+#: code -> class, for every error above; `tests/test_errors.py` checks that codes are unique
+ERRORS_BY_CODE: dict[str, type[ModelsyncError]] = {cls.code: cls for cls in _every_error(ModelsyncError)}
+
+
+def error_from_code(code: str, message: str, exit_code: int | None = None) -> ModelsyncError:
+    """An error that crossed a process boundary, as its own class again.
+
+    A code this version does not know (a newer daemon) still keeps its code and
+    exit code, on a plain `ModelsyncError`, so the user sees the same line and status.
+    """
+    cls = ERRORS_BY_CODE.get(code)
+    if cls is not None:
+        return cls(message)
+    exc = ModelsyncError(message)
+    exc.code = code
+    try:
+        exc.exit_code = ExitCode(exit_code if exit_code is not None else ExitCode.INTERNAL)
+    except ValueError:
+        exc.exit_code = ExitCode.INTERNAL
+    return exc

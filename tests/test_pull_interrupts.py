@@ -23,7 +23,8 @@ from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import PullCancelledError, pull
+from modelsync.engine.pull import pull
+from modelsync.errors import PullCancelledError
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -25,21 +25,16 @@ import pytest
 from botocore.client import BaseClient
 from support.tinyproxy import TinyProxy, tinyproxy_binary
 
-from modelsync.adapters.ranged_http import (
-    PresignedUrlExpiredError,
-    RangeClient,
-    RangeRequest,
-    TransientFetchError,
-    UnexpectedResponseError,
-    environ_proxy,
-    make_ssl_context,
-)
+from modelsync.adapters.ranged_http import RangeClient, RangeRequest, environ_proxy, make_ssl_context
 from modelsync.errors import (
     AccessDeniedError,
     DiskFullError,
     NotFoundError,
     ObjectChangedError,
+    PresignedUrlExpiredError,
     RemoteUnavailableError,
+    TransientFetchError,
+    UnexpectedResponseError,
     UsageError,
     WrongEndpointError,
 )

@@ -37,9 +37,9 @@ from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME as SIG
 from modelsync.core.signature import Mode
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import PullCancelledError, pull
+from modelsync.engine.pull import pull
 from modelsync.engine.upload import SigningKey, upload
-from modelsync.errors import ExitCode
+from modelsync.errors import ExitCode, PullCancelledError
 
 PREFIX = "org/llm/rev1/"
 MiB = 1024 * 1024

@@ -25,9 +25,10 @@ from support.objects import payload, upload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
+from modelsync import api
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
-from modelsync.errors import ExitCode
+from modelsync.errors import ExitCode, NotFoundError, SourceNotAllowedError
 
 MiB = 1024 * 1024
 SCHEDULED = "s3://models/org/served/r1/"
@@ -173,6 +174,20 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
         assert ok.returncode == 0, ok.stderr
     assert not (served.cache / "models/org/unlisted").exists()
     wait_for(lambda: served.metric("modelsync_model_staged", **staged) == 1, what="the gauge shows it warm")
+
+
+def test_errors_from_the_daemon_arrive_as_their_own_class_so_callers_catch_them_by_type(
+    served: Daemon,
+) -> None:
+    with pytest.raises(SourceNotAllowedError) as refused:
+        api.pull_via_daemon(served.cache, parse_source(UNLISTED), None)
+    assert refused.value.exit_code == ExitCode.NOT_ALLOWED
+    assert "not in the schedule" in str(refused.value)
+    # allowed, but the store has nothing under it: the engine's NotFoundError, in the daemon's process
+    with pytest.raises(NotFoundError) as missing:
+        api.pull_via_daemon(served.cache, parse_source("s3://models/extra/absent/r1/"), None)
+    assert missing.value.exit_code == ExitCode.NOT_FOUND
+    assert "extra/absent/r1" in str(missing.value)
 
 
 def test_daemon_refuses_a_malformed_allowed_prefix_at_start(

@@ -56,18 +56,18 @@ from modelsync.errors import (
     LocalStorageError,
     NotFoundError,
     ObjectChangedError,
+    PresignedUrlExpiredError,
     RemoteUnavailableError,
+    TransientFetchError,
+    UnexpectedResponseError,
     UsageError,
     WrongEndpointError,
 )
 
 __all__ = [
-    "PresignedUrlExpiredError",
     "RangeClient",
     "RangeRequest",
     "RateLimiter",
-    "TransientFetchError",
-    "UnexpectedResponseError",
     "environ_proxy",
     "make_ssl_context",
 ]
@@ -97,53 +97,6 @@ class RangeRequest:
     end: int
     etag: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
-
-
-class TransientFetchError(Exception):
-    """A failure worth retrying; ``bytes_written`` bytes of the range are on disk.
-
-    The caller resumes with ``start + bytes_written``. ``reason`` is the S3
-    error code when the server sent one (``SlowDown``, ``InternalError``) or one
-    of ``connect``, ``reset``, ``truncated``, ``timeout``, ``http-<status>``.
-    ``throttled`` says the store asked for less load (503, 429, ``SlowDown``).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        bytes_written: int,
-        reason: str,
-        status: int | None = None,
-        retry_after_s: float | None = None,
-        throttled: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.bytes_written = bytes_written
-        self.reason = reason
-        self.status = status
-        self.retry_after_s = retry_after_s
-        self.throttled = throttled
-
-
-class UnexpectedResponseError(RemoteUnavailableError):
-    """The endpoint answered, but not with the range asked for; retrying won't fix it."""
-
-    code = "unexpected_response"
-
-
-class PresignedUrlExpiredError(AccessDeniedError):
-    """The presigned URL, or the credentials that signed it, expired: presign again, then retry.
-
-    ``token_expired`` is set when the store said the credentials themselves expired
-    (``ExpiredToken``): the credential chain must be resolved afresh first.
-    """
-
-    code = "presign_expired"
-
-    def __init__(self, message: str, *, token_expired: bool) -> None:
-        super().__init__(message)
-        self.token_expired = token_expired
 
 
 class RateLimiter(Protocol):

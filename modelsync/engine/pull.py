@@ -34,13 +34,7 @@ from typing import TypeVar
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
-from modelsync.adapters.ranged_http import (
-    PresignedUrlExpiredError,
-    RangeClient,
-    RangeRequest,
-    TransientFetchError,
-    make_ssl_context,
-)
+from modelsync.adapters.ranged_http import RangeClient, RangeRequest, make_ssl_context
 from modelsync.adapters.s3 import S3, ObjectInfo, open_s3, retry_policy
 from modelsync.config import Settings, check_ca_bundle
 from modelsync.core.etag import EtagKind, etag_kind, multipart_count, multipart_etag, part_size_fits
@@ -65,7 +59,10 @@ from modelsync.errors import (
     DiskFullError,
     NotFoundError,
     ObjectChangedError,
+    PresignedUrlExpiredError,
+    PullCancelledError,
     RemoteUnavailableError,
+    TransientFetchError,
 )
 
 #: files in progress at once; bounds open descriptors and per-file state
@@ -133,10 +130,6 @@ class ProgressNote:
 
     def note(self, message: str) -> None:
         self._events.note(message)
-
-
-class PullCancelledError(Exception):
-    """The caller set the pull's cancel event; the journal keeps what was written, so a later pull resumes."""
 
 
 def pull(

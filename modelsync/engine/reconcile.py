@@ -63,8 +63,8 @@ from modelsync.core.units import format_bytes
 from modelsync.engine.events import PullEvents, status
 from modelsync.engine.evict import budget_bytes
 from modelsync.engine.inventory import RemoteSizes
-from modelsync.engine.pull import PullCancelledError, PullResult
-from modelsync.errors import IntegrityError, ModelsyncError, UsageError
+from modelsync.engine.pull import PullResult
+from modelsync.errors import IntegrityError, ModelsyncError, PullCancelledError, UsageError
 from modelsync.metrics import DaemonMetrics
 
 log = logging.getLogger("modelsync.daemon")

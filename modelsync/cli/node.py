@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from modelsync.cli_common import (
+from modelsync.cli.options import (
     CacheDir,
     Concurrency,
     ConfigFile,

@@ -16,7 +16,7 @@ import typer
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
-from modelsync.cli_common import (
+from modelsync.cli.options import (
     CacheDir,
     ConfigFile,
     EndpointUrl,

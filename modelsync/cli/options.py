@@ -1,7 +1,8 @@
 """What every command shares: the error-to-exit-code mapping, common options, Settings from flags,
 and the foreground pull that `pull` and `prefetch` (without a daemon) both run.
 
-Kept apart from the command modules so they can all use it without importing each other.
+Kept apart from the command modules (pull, cache, node) so they can all use it without
+importing each other.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def user_errors(fn: Callable[P, R]) -> Callable[P, R]:
 def _setting(name: str, text: str, default: str | None = None) -> str:
     """Help for an option backed by a setting: its variable and default, from Settings itself.
 
-    The bracket is plain text: the app renders help without markup (cli.py), so
+    The bracket is plain text: the app renders help without markup (cli/app.py), so
     nothing in it is taken for a style tag.
     """
     f = _SETTING_FIELDS[name]

@@ -1,0 +1,12 @@
+"""The command line, as a package: `app` (the typer application and `run`), `options` (what every
+command shares), and one module per group of commands: `pull`, `cache`, `node`.
+
+`modelsync.__main__` imports it only when the warm fast path (`modelsync/warm.py`)
+cannot answer, so a warm pull never pays for typer's import.
+"""
+
+from __future__ import annotations
+
+from modelsync.cli.app import app, run
+
+__all__ = ["app", "run"]

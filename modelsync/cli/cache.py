@@ -22,6 +22,7 @@ from modelsync.cli.options import (
     EndpointUrl,
     Json,
     Quiet,
+    SettingFlags,
     build_settings,
     cache_settings,
     existing_cache,
@@ -205,11 +206,11 @@ def verify(
     from modelsync.engine.maintain import verify as run_verify
 
     if repair:  # a repair pulls, so it needs every setting; a check needs only the cache's
-        settings = build_settings(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config)
+        settings = build_settings(SettingFlags(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config))
     else:
         # --full re-checks signatures: a bad policy must stop it, not silently turn it off
         needed = CACHE_SETTINGS | SIGNATURE_SETTINGS if full else CACHE_SETTINGS
-        settings = build_settings(cache_dir=cache_dir, config=config, needed=needed)
+        settings = build_settings(SettingFlags(cache_dir=cache_dir, config=config), needed=needed)
     cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
         report = run_verify(cache, catalog, model, full, settings.signature_rule, settings.signature_name)

@@ -24,6 +24,7 @@ from modelsync.cli.options import (
     PartSize,
     Quiet,
     Region,
+    SettingFlags,
     build_settings,
 )
 from modelsync.config import environment
@@ -133,7 +134,16 @@ def plan(
             f"{', '.join(known) if known else 'none'}"
         )
     now = parse_instant(at, loaded.timezone) if at else datetime.now(ZoneInfo(loaded.timezone))
-    settings = build_settings(cache_dir, endpoint_url, region, config, None, None, max_bandwidth, insecure)
+    settings = build_settings(
+        SettingFlags(
+            cache_dir=cache_dir,
+            endpoint_url=endpoint_url,
+            region=region,
+            config=config,
+            max_bandwidth=max_bandwidth,
+            insecure=insecure,
+        )
+    )
     entries = cache_entries(Cache(settings.cache_dir))
     ready = {e.model for e in entries if e.state is CacheState.READY}
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
@@ -229,7 +239,16 @@ def daemon(
         raise UsageError(f"invalid --tick {tick!r}; it must be longer than 0s")
     host, port = parse_listen(listen)
     settings = build_settings(
-        cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
+        SettingFlags(
+            cache_dir=cache_dir,
+            endpoint_url=endpoint_url,
+            region=region,
+            config=config,
+            concurrency=concurrency,
+            part_size=part_size,
+            max_bandwidth=max_bandwidth,
+            insecure=insecure,
+        )
     )
     loop = LoopConfig(
         pool=_pool(pool),
@@ -276,7 +295,15 @@ def prefetch(
 
     refs = _resolve_models(models, schedule)
     settings = build_settings(
-        cache_dir, endpoint_url, region, config, concurrency, None, max_bandwidth, insecure
+        SettingFlags(
+            cache_dir=cache_dir,
+            endpoint_url=endpoint_url,
+            region=region,
+            config=config,
+            concurrency=concurrency,
+            max_bandwidth=max_bandwidth,
+            insecure=insecure,
+        )
     )
     request = {"op": "prefetch", "models": [r.uri for r in refs], "wait": not no_wait}
     try:

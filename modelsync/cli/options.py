@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Collection
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
@@ -133,33 +133,41 @@ def _flag(name: str, flag: str, text: str | None) -> object | None:
     return None if text is None else parse_setting(name, text, flag)
 
 
-def build_settings(
-    cache_dir: Path | None = None,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    config: Path | None = None,
-    concurrency: str | None = None,
-    part_size: str | None = None,
-    max_bandwidth: str | None = None,
-    insecure: bool = False,
-    needed: Collection[str] | None = None,
-) -> Settings:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SettingFlags:
+    """The setting flags a command was given, as typed: None (or False) when not given,
+    so the environment, then the config file, then the default decides."""
+
+    cache_dir: Path | None = None
+    endpoint_url: str | None = None
+    region: str | None = None
+    #: --config: the TOML settings file (else MODELSYNC_CONFIG)
+    config: Path | None = None
+    concurrency: str | None = None
+    part_size: str | None = None
+    max_bandwidth: str | None = None
+    insecure: bool = False
+
+
+def build_settings(flags: SettingFlags, *, needed: Collection[str] | None = None) -> Settings:
     """Flags > environment > config file > defaults, read once here.
 
     `needed` names the settings the command uses (default: all); a bad value of
     another one in the environment or config file does not stop it.
     """
     env = environment()
-    flags: dict[str, object | None] = {
-        "cache_dir": cache_dir.expanduser().absolute() if cache_dir else None,
-        "endpoint_url": _flag("endpoint_url", "--endpoint-url", endpoint_url),
-        "region": region,
-        "concurrency": _flag("concurrency", "--concurrency", concurrency),
-        "part_size_bytes": _flag("part_size_bytes", "--part-size", part_size),
-        "max_bandwidth_bytes_per_s": _flag("max_bandwidth_bytes_per_s", "--max-bandwidth", max_bandwidth),
-        "insecure": True if insecure else None,
+    given: dict[str, object | None] = {
+        "cache_dir": flags.cache_dir.expanduser().absolute() if flags.cache_dir else None,
+        "endpoint_url": _flag("endpoint_url", "--endpoint-url", flags.endpoint_url),
+        "region": flags.region,
+        "concurrency": _flag("concurrency", "--concurrency", flags.concurrency),
+        "part_size_bytes": _flag("part_size_bytes", "--part-size", flags.part_size),
+        "max_bandwidth_bytes_per_s": _flag(
+            "max_bandwidth_bytes_per_s", "--max-bandwidth", flags.max_bandwidth
+        ),
+        "insecure": True if flags.insecure else None,
     }
-    settings = load_settings(flags, env, config_file_from(config, env), needed)
+    settings = load_settings(given, env, config_file_from(flags.config, env), needed)
     if settings.insecure:
         typer.echo("warning: TLS certificate verification is off (--insecure)", err=True)
     return settings
@@ -167,7 +175,7 @@ def build_settings(
 
 def cache_settings(cache_dir: Path | None, config: Path | None) -> Settings:
     """Settings of a command that only reads or manages the cache."""
-    return build_settings(cache_dir=cache_dir, config=config, needed=CACHE_SETTINGS)
+    return build_settings(SettingFlags(cache_dir=cache_dir, config=config), needed=CACHE_SETTINGS)
 
 
 def existing_cache(settings: Settings) -> Cache:

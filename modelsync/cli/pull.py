@@ -24,6 +24,7 @@ from modelsync.cli.options import (
     PartSize,
     Quiet,
     Region,
+    SettingFlags,
     build_settings,
 )
 from modelsync.config import S3_SETTINGS, Settings
@@ -66,7 +67,16 @@ def pull(
     ref = parse_source(source)
     lease_s = parse_duration(lease) if lease is not None else None
     settings = build_settings(
-        cache_dir, endpoint_url, region, config, concurrency, part_size, max_bandwidth, insecure
+        SettingFlags(
+            cache_dir=cache_dir,
+            endpoint_url=endpoint_url,
+            region=region,
+            config=config,
+            concurrency=concurrency,
+            part_size=part_size,
+            max_bandwidth=max_bandwidth,
+            insecure=insecure,
+        )
     )
     if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
         if verify:
@@ -175,14 +185,14 @@ def publish(
     if sign_cert is not None and not sign_chain:
         raise UsageError("--sign-cert needs --sign-chain: the CA certificate(s) that issued it")
     settings = build_settings(
-        None,
-        endpoint_url,
-        region,
-        config,
-        concurrency,
-        part_size,
-        None,
-        insecure,
+        SettingFlags(
+            endpoint_url=endpoint_url,
+            region=region,
+            config=config,
+            concurrency=concurrency,
+            part_size=part_size,
+            insecure=insecure,
+        ),
         needed=S3_SETTINGS | {"concurrency", "part_size_bytes", "signature_name"},
     )
     signing = None

@@ -19,8 +19,22 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from modelsync.config_values import (
+    CacheBudget,
+    MiB,
+    check_part_bytes,
+    parse_addressing_style,
+    parse_bool,
+    parse_budget,
+    parse_endpoint_url,
+    parse_positive_float,
+    parse_positive_int,
+    parse_positive_size,
+    parse_ratio,
+    parse_signature_name,
+    parse_string_list,
+)
 from modelsync.core.refs import ModelRef
 from modelsync.core.signature import (
     DEFAULT_SIGNATURE_NAME,
@@ -31,30 +45,8 @@ from modelsync.core.signature import (
     parse_rules,
     resolve,
 )
-from modelsync.core.units import format_bytes, parse_duration, parse_rate, parse_size
+from modelsync.core.units import parse_duration, parse_rate, parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
-
-MiB = 1024 * 1024
-#: every part is one GET: below this a model takes thousands of requests for little data
-MIN_PART_BYTES = MiB
-#: above this a file gets few parallel GETs, and an interrupted pull loses parts that large
-MAX_PART_BYTES = 1024 * MiB
-
-
-@dataclass(frozen=True, slots=True)
-class CacheBudget:
-    """The cache's size budget: a byte count, or a share of the cache filesystem's size."""
-
-    size_bytes: int | None = None
-    share: float | None = None
-
-    def resolve(self, filesystem_bytes: int) -> int:
-        if self.size_bytes is not None:
-            return self.size_bytes
-        return int((self.share or 0.0) * filesystem_bytes)
-
-    def __str__(self) -> str:
-        return f"{self.share * 100:g}%" if self.share is not None else str(self.size_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,89 +129,6 @@ class Settings:
         return self.signature_rule(ref).mode is Mode.REQUIRED
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"{text!r} is not a boolean (use true or false)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise ValueError(f"{value} is not positive")
-    return value
-
-
-def _positive_size(text: str) -> int:
-    value = parse_size(text)
-    if value <= 0:
-        raise ValueError(f"{text!r} is not a positive size")
-    return value
-
-
-def _part_bytes(value: int) -> int:
-    bounds = f"use {format_bytes(MIN_PART_BYTES)} to {format_bytes(MAX_PART_BYTES)} (default 16.0 MiB)"
-    if value < MIN_PART_BYTES:
-        raise ValueError(
-            f"part size {_near(value, MIN_PART_BYTES)} is under {format_bytes(MIN_PART_BYTES)}: every "
-            f"part is one GET, so a model would take thousands; {bounds}"
-        )
-    if value > MAX_PART_BYTES:
-        raise ValueError(
-            f"part size {_near(value, MAX_PART_BYTES)} is over {format_bytes(MAX_PART_BYTES)}: a file "
-            f"would get few parallel GETs, and an interrupted pull would lose whole parts; {bounds}"
-        )
-    return value
-
-
-def _near(value: int, bound: int) -> str:
-    """`value` in the units of `format_bytes`, exact when rounding would make it read as `bound`."""
-    shown = format_bytes(value)
-    return f"{value} B" if shown == format_bytes(bound) else shown
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(f"{value} is not positive")
-    return value
-
-
-def _addressing_style(text: str) -> str:
-    if text not in {"path", "virtual", "auto"}:
-        raise ValueError(f"{text!r} is not one of path, virtual, auto")
-    return text
-
-
-def parse_budget(text: str) -> CacheBudget | None:
-    """`500Gi`, `2T`, or `90%` of the filesystem; empty or 0 means no budget."""
-    text = text.strip()
-    if text.endswith("%"):
-        share = float(text[:-1]) / 100
-        if not 0 < share <= 1:
-            raise ValueError(f"{text!r} is not a share between 0% and 100%")
-        return CacheBudget(share=share)
-    size = parse_size(text) if text else 0
-    return CacheBudget(size_bytes=size) if size else None
-
-
-def _ratio(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError(f"{value} is not a ratio in (0, 1]")
-    return value
-
-
-def _optional_str(text: str) -> str | None:
-    return text or None
-
-
 def check_ca_bundle(path: str) -> None:
     """The file holds at least one PEM certificate; else CaBundleError (exit 2, a configuration problem).
 
@@ -244,63 +153,33 @@ def _ca_bundle(text: str) -> str | None:
     return text or None
 
 
-def _endpoint_url(text: str) -> str | None:
-    """An http(s) URL with a host; checked here so a missing scheme is one line, not an SDK traceback."""
-    text = text.strip()
-    if not text:
-        return None
-    if "://" not in text:
-        raise ValueError(f"{text!r} has no scheme; write http://{text} or https://{text}")
-    parts = urlsplit(text)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ValueError(f"{text!r} is not an http:// or https:// URL with a host")
-    parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
-    return text
-
-
-def _string_list(text: str) -> tuple[str, ...]:
-    """A JSON list (from the config file) or comma-separated text (from the environment)."""
-    if text.lstrip().startswith("["):
-        values = json.loads(text)
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise ValueError("expected a list of strings")
-        return tuple(values)
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _signature_name(text: str) -> str:
-    if not text or "/" in text:
-        raise ValueError(f"{text!r} is not a file name")
-    return text
-
-
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "cache_dir": lambda t: Path(t).expanduser().absolute(),
-    "endpoint_url": _endpoint_url,
+    "endpoint_url": parse_endpoint_url,
     "region": str,
-    "addressing_style": _addressing_style,
+    "addressing_style": parse_addressing_style,
     "ca_bundle": _ca_bundle,
-    "insecure": _parse_bool,
-    "concurrency": _positive_int,
-    "part_size_bytes": lambda t: _part_bytes(parse_size(t)),
+    "insecure": parse_bool,
+    "concurrency": parse_positive_int,
+    "part_size_bytes": lambda t: check_part_bytes(parse_size(t)),
     "max_bandwidth_bytes_per_s": parse_rate,
-    "connect_timeout_s": _positive_float,
-    "read_timeout_s": _positive_float,
-    "part_attempts": _positive_int,
+    "connect_timeout_s": parse_positive_float,
+    "read_timeout_s": parse_positive_float,
+    "part_attempts": parse_positive_int,
     "retry_budget_s": parse_duration,
-    "backoff_floor_s": _positive_float,
+    "backoff_floor_s": parse_positive_float,
     "presign_expiry_s": parse_duration,
-    "read_chunk_bytes": _positive_size,
+    "read_chunk_bytes": parse_positive_size,
     "cache_budget": parse_budget,
-    "high_watermark": _ratio,
-    "low_watermark": _ratio,
+    "high_watermark": parse_ratio,
+    "low_watermark": parse_ratio,
     "in_use_grace_s": parse_duration,
     "signature": parse_mode,
-    "signature_public_keys": _string_list,
-    "signature_certificate_chain": _string_list,
-    "signature_identities": _string_list,
+    "signature_public_keys": parse_string_list,
+    "signature_certificate_chain": parse_string_list,
+    "signature_identities": parse_string_list,
     "signature_rules": parse_rules,
-    "signature_name": _signature_name,
+    "signature_name": parse_signature_name,
 }
 
 #: what the commands that only read or manage the cache use: a bad value of any other

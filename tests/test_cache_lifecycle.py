@@ -30,7 +30,8 @@ from support.objects import put_model
 from support.s3env import S3Env
 
 from modelsync.adapters.cache import Cache
-from modelsync.config import CacheBudget, Settings
+from modelsync.config import Settings
+from modelsync.config_values import CacheBudget
 from modelsync.core.eviction import plan_named
 from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes

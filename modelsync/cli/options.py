@@ -19,14 +19,13 @@ from modelsync import interrupt
 from modelsync.adapters.cache import Cache
 from modelsync.config import (
     CACHE_SETTINGS,
-    MAX_PART_BYTES,
-    MIN_PART_BYTES,
     Settings,
     config_file_from,
     environment,
     load_settings,
     parse_setting,
 )
+from modelsync.config_values import MAX_PART_BYTES, MIN_PART_BYTES
 from modelsync.core.units import format_bytes
 from modelsync.errors import ModelsyncError, NotFoundError
 from modelsync.warm import usable_cache

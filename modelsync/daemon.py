@@ -46,7 +46,7 @@ from modelsync.adapters.foreground import live_foreground
 from modelsync.adapters.schedule_file import parse_schedule_bytes, read_schedule_bytes
 from modelsync.config import Settings
 from modelsync.core.allow import allow_list
-from modelsync.core.plan import plan_json
+from modelsync.core.plan_view import plan_json
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.schedule import Schedule
 from modelsync.engine.inventory import cache_entries, remote_sizes

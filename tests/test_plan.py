@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 from modelsync.core.desired import SchedulePhase, desired_models
 from modelsync.core.eviction import Blob, CacheEntry
 from modelsync.core.lifecycle import CacheState
-from modelsync.core.plan import (
-    Action,
-    parse_instant,
-    plan_json,
-    plan_node,
-    render_plan,
-    start_jitter_s,
-)
+from modelsync.core.plan import Action, parse_instant, plan_node, start_jitter_s
+from modelsync.core.plan_view import plan_json, render_plan
 from modelsync.core.refs import parse_source
 from modelsync.core.schedule import Schedule, ScheduledModel
 from modelsync.core.windows import ALWAYS, CronWindow, Window

@@ -117,7 +117,8 @@ def plan(
     from modelsync.adapters.cache import Cache
     from modelsync.adapters.schedule_file import read_schedule
     from modelsync.core.lifecycle import CacheState
-    from modelsync.core.plan import NodePlan, parse_instant, plan_json, plan_node, render_plan
+    from modelsync.core.plan import NodePlan, parse_instant, plan_node
+    from modelsync.core.plan_view import plan_json, render_plan
     from modelsync.core.pool import plan_pool, pool_json, render_pool
     from modelsync.core.units import parse_rate, parse_size
     from modelsync.engine.evict import budget_bytes

@@ -142,7 +142,9 @@ class Daemon:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                # With a timeout: a wait that a test timeout interrupted can leave Popen's
+                # waitpid lock held, and a plain wait() would then block the worker forever.
+                self.process.wait(timeout=15)
         if not self._log.closed:
             self._log.close()
         return self.process.returncode, time.monotonic() - started

@@ -18,7 +18,9 @@ One request per connection:
 
 A request the daemon cannot serve gets {"ok": false, "error": "...", "code": "...", "exit_code": 2};
 one for a source it does not serve (not in the schedule, not under an allowed
-prefix) gets code "not_allowed" and exit code 8.
+prefix) gets code "not_allowed" and exit code 8. The caller rebuilds the error
+as its own class from the code (`errors.error_from_code`), so `except
+NotFoundError` catches the daemon's "not found" as it catches its own.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,27 @@ Handler = Callable[[Message], Awaitable[Message]]
 
 def socket_path(cache_root: Path) -> Path:
     return cache_root / STATE_DIR / SOCKET_NAME
+
+
+# sun_path holds 108 bytes with its NUL; a cache deep in a host path can need more.
+_SUN_PATH_BYTES = 107
+
+
+@contextlib.contextmanager
+def _address(path: Path) -> Iterator[str]:
+    """`path` as a Unix-socket address, through /proc/self/fd/N/ when it is too long for sun_path.
+
+    The kernel resolves the short form to the same directory, so a daemon on a deep
+    cache and the tenants that call it meet at the same socket.
+    """
+    if len(os.fsencode(path)) <= _SUN_PATH_BYTES:
+        yield str(path)
+        return
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
 
 
 def error_reply(exc: ModelsyncError) -> Message:
@@ -71,9 +92,10 @@ async def serve(path: Path, handler: Handler) -> asyncio.Server:
             raise UsageError(f"a daemon already serves {path}; stop it first")
         path.unlink()
     try:
-        server = await asyncio.start_unix_server(
-            lambda r, w: _connection(handler, r, w), path=str(path), limit=MAX_LINE_BYTES
-        )
+        with _address(path) as address:
+            server = await asyncio.start_unix_server(
+                lambda r, w: _connection(handler, r, w), path=address, limit=MAX_LINE_BYTES
+            )
     except OSError as exc:
         raise UsageError(f"cannot listen on {path}: {exc.strerror or exc}") from None
     os.chmod(path, SOCKET_MODE)
@@ -110,8 +132,9 @@ def call(path: Path, request: Message, timeout_s: float | None = None) -> Messag
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:
-            sock.connect(str(path))
-        except OSError:  # no socket, nobody listening, or a path too long to be ours
+            with _address(path) as address:
+                sock.connect(address)
+        except OSError:  # no socket (or no directory), or nobody listening
             return None
         sock.sendall(json.dumps(request).encode() + b"\n")
         with sock.makefile("rb") as stream:
@@ -151,7 +174,8 @@ def _answers(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         try:
-            sock.connect(str(path))
+            with _address(path) as address:
+                sock.connect(address)
         except OSError:
             return False
     return True

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import xxhash
 from botocore.client import BaseClient
+from test_config import NOT_QUITE_A_CERTIFICATE
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import FileEntry
@@ -82,12 +83,16 @@ def test_a_damaged_ready_model_falls_through_to_the_full_pull(tmp_path: Path) ->
 
 
 def test_the_warm_path_imports_neither_the_s3_stack_nor_the_full_command_line(tmp_path: Path) -> None:
+    """Nor what only a transfer needs: TLS (the CA bundle is only looked at), ctypes, TOML, xxhash."""
     ready = make_ready(tmp_path)
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text(NOT_QUITE_A_CERTIFICATE)
     code = (
         "import sys\n"
         "from modelsync.__main__ import main\n"
         "main()\n"
-        "print(sorted(m for m in ('typer', 'aiobotocore', 'botocore') if m in sys.modules))\n"
+        "print(sorted(m for m in ('typer', 'aiobotocore', 'botocore', 'ssl', 'ctypes', 'tomllib', 'xxhash')"
+        " if m in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, "pull", SOURCE, "--cache-dir", str(tmp_path)],
@@ -95,6 +100,7 @@ def test_the_warm_path_imports_neither_the_s3_stack_nor_the_full_command_line(tm
         text=True,
         timeout=60,
         check=True,
+        env={**os.environ, "AWS_CA_BUNDLE": str(bundle)},
     )
     assert done.stdout.splitlines() == [str(ready), "[]"]
 

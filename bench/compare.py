@@ -29,7 +29,7 @@ from pathlib import Path
 from bench import data, fsinfo, options
 from bench.contenders import NAMES, Contender, make_contenders, versions
 from bench.data import GiB, MiB, Prepared
-from bench.harness import Run, clear, ensure_tools, measure, run_main, run_points, verify
+from bench.harness import Run, clear, compile_modelsync, ensure_tools, measure, run_main, run_points, verify
 from bench.nginx import NginxEndpoint
 from bench.report import Summary, summarise, summary_table, write_record
 from bench.servers import UploadedEndpoint
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if "nginx" in args.endpoint or {"warm-pull", "cold-64m"} & set(args.only):
         need.add("nginx")
     ensure_tools(need)
+    compile_modelsync()
     contenders = make_contenders(args.contenders, extra)  # after installing: gaps may be filled
     all_sets = data.datasets(args.small)
     throughput = [all_sets[s] for s in args.only if s != "warm-pull"]

@@ -41,7 +41,7 @@ from pathlib import Path
 from bench import data, fsinfo, options
 from bench.contenders import Contender, make_contenders, versions
 from bench.data import DataSet, GiB, KiB, MiB, Prepared
-from bench.harness import Point, clear, ensure_tools, run_main, run_points
+from bench.harness import Point, clear, compile_modelsync, ensure_tools, run_main, run_points
 from bench.nginx import NginxEndpoint
 from bench.report import summarise, summary_table, write_record
 from modelsync.config import Settings
@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     ensure_tools({"nginx"})
+    compile_modelsync()
     root = options.data_root(args)
     preps = prepare_all(args, root)
     fsinfo.need_space(args.tmpfs_dir, max(p.dataset.total_bytes for p in preps.values()) + 256 * MiB,

@@ -9,8 +9,8 @@ import importlib
 import os
 import sys
 
-ENTRIES = {"compare": "compare", "curves": "curves", "scale": "scale",
-           "cache-scale": "cache_scale", "signature-tail": "signature_tail"}
+ENTRIES = {"compare": "compare", "curves": "curves", "scale": "scale", "cache-scale": "cache_scale",
+           "signature-tail": "signature_tail", "startup": "startup"}
 
 
 def main(argv: list[str]) -> int:

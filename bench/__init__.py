@@ -1,4 +1,4 @@
-"""modelsync's benchmarks: one harness, one data generator, three entry points.
+"""modelsync's benchmarks: one harness, one data generator, and the entry points behind it.
 
 `scripts/bench` is the user's entry point (`scripts/bench --help`); it runs `python -m bench`.
 
@@ -11,7 +11,8 @@
 - `contenders`: how modelsync and its peers are invoked;
 - `report`: summaries, tables and the JSON record;
 - entry points: `compare` (modelsync against its peers), `curves` (one knob at a time),
-  `scale` and `cache_scale` (cost against the number of files and of cache entries),
+  `scale` and `cache_scale` (cost against the number of files and of cache entries), `startup`
+  (a cold pull's time to its manifest, SDK against data plane),
   `signature_tail` (where a signed pull's extra time goes).
 """
 

@@ -12,7 +12,7 @@ of a ready 100-file model: median of 10 whole processes, and proof via nginx's a
 it made no request). curl writes to /dev/null and runs on tmpfs scenarios only. Contenders run
 interleaved round by round; tables show medians, max/min across rounds and every round. How
 each run is measured: bench/harness.py. Other entry points: `scripts/bench
-curves|scale|cache-scale|signature-tail --help`.
+curves|scale|cache-scale|startup|signature-tail --help`.
 """
 
 from __future__ import annotations

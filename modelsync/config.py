@@ -12,6 +12,7 @@ plus a fixed overhead; it does not grow with the model's size.
 from __future__ import annotations
 
 import binascii
+import functools
 import json
 import os
 from collections.abc import Callable, Collection, Mapping
@@ -133,16 +134,29 @@ def check_ca_bundle(path: str) -> None:
 
     Called where a TLS context is built (a client for an https endpoint): a bundle swapped
     in while the daemon runs would otherwise surface as an ssl.SSLError traceback. Loading
-    costs ~25 ms for the system bundle, which only a connection needs to pay.
+    costs ~25 ms for the system bundle, which only a connection needs to pay, and only once
+    per version of the file (a pull builds two clients).
     """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise CaBundleError(_no_ca_file(path)) from None
+    except OSError:
+        raise CaBundleError(_no_certificate(path)) from None
+    if not _loads(path, st.st_ino, st.st_mtime_ns, st.st_size):
+        raise CaBundleError(_no_certificate(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _loads(path: str, _ino: int, _mtime_ns: int, _size: int) -> bool:
+    """Whether this version of the bundle (the file's identity is part of the key) loads."""
     import ssl
 
     try:
         ssl.create_default_context(cafile=path)
-    except FileNotFoundError:
-        raise CaBundleError(_no_ca_file(path)) from None
     except (ssl.SSLError, OSError, ValueError):
-        raise CaBundleError(_no_certificate(path)) from None
+        return False
+    return True
 
 
 _PEM_BEGIN, _PEM_END = b"-----BEGIN CERTIFICATE-----", b"-----END CERTIFICATE-----"

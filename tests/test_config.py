@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import pytest
@@ -101,5 +102,18 @@ def test_a_ca_bundle_is_loaded_only_where_tls_is_set_up(tmp_path: Path) -> None:
     bundle = tmp_path / "ca.crt"
     bundle.write_text(NOT_QUITE_A_CERTIFICATE)
     assert load_settings({}, {"AWS_CA_BUNDLE": str(bundle)}).ca_bundle == str(bundle)
+    with pytest.raises(CaBundleError, match="holds no PEM certificate"):
+        check_ca_bundle(str(bundle))
+
+
+def test_a_ca_bundle_swapped_for_a_broken_one_is_judged_again(tmp_path: Path) -> None:
+    """The loaded bundle is remembered per version of the file, not per path."""
+    system = Path(ssl.get_default_verify_paths().openssl_cafile)
+    if not system.is_file():
+        pytest.skip(f"no system CA bundle at {system}")
+    bundle = tmp_path / "ca.crt"
+    bundle.write_bytes(system.read_bytes())
+    check_ca_bundle(str(bundle))
+    bundle.write_text(NOT_QUITE_A_CERTIFICATE)
     with pytest.raises(CaBundleError, match="holds no PEM certificate"):
         check_ca_bundle(str(bundle))

@@ -70,8 +70,9 @@ def summary_table(title: str, rows: list[Summary], md: bool, x_name: str | None 
     """The rows of one table; with `x_name`, a first column holds each row's label (a curve)."""
     by_files = all(s.files >= 100 for s in rows)
     rate = "files/s" if by_files else "GiB/s"
+    peers = any(s.contender != "modelsync" for s in rows)  # else the ratio is 1.00 throughout
     head = [*([x_name] if x_name else []), "contender", "wall s", rate, "CPU s/GiB",
-            "peak RSS MiB", "time ÷ modelsync's", "max/min", "rounds s"]
+            "peak RSS MiB", *(["time ÷ modelsync's"] if peers else []), "max/min", "rounds s"]
     body = []
     for s in rows:
         speed = s.files_per_s if by_files else s.gib_per_s
@@ -80,7 +81,7 @@ def summary_table(title: str, rows: list[Summary], md: bool, x_name: str | None 
             s.contender + ("" if s.ok_runs == s.runs else f" ({s.runs - s.ok_runs} failed)"),
             _fmt(s.median_wall_s, ".2f"), _fmt(speed, ".0f" if by_files else ".2f"),
             _fmt(s.cpu_s_per_gib, ".2f"), _fmt(s.peak_rss_mib, ".0f"),
-            _fmt(s.time_vs_modelsync, ".2f"), _fmt(s.max_min, ".2f"),
+            *([_fmt(s.time_vs_modelsync, ".2f")] if peers else []), _fmt(s.max_min, ".2f"),
             " / ".join(f"{x:.2f}" for x in s.rounds_s) or "-",
         ])
     errors = [f"{s.contender} {s.label}".strip() + f": {e}" for s in rows for e in sorted(set(s.errors))]

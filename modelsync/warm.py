@@ -17,9 +17,10 @@ on both paths.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from modelsync import interrupt
@@ -134,8 +135,10 @@ def cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
     not at the top, so commands that never pull (a warm pull, ls) stay fast.
     """
     from modelsync.adapters.foreground import announce
-    from modelsync.engine.pull import pull
     from modelsync.progress import StderrProgress
+
+    with _without_pyopenssl():
+        from modelsync.engine.pull import pull
 
     progress = StderrProgress(ref.model_id, quiet=quiet)
     try:
@@ -144,3 +147,26 @@ def cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
     finally:
         progress.close()
     return result.path
+
+
+_PYOPENSSL = "urllib3.contrib.pyopenssl"
+
+
+@contextlib.contextmanager
+def _without_pyopenssl() -> Iterator[None]:
+    """While the S3 SDK is imported, let botocore find urllib3's pyOpenSSL shim absent.
+
+    botocore imports the shim (pyOpenSSL, cryptography's x509: ~40 ms of CPU, where the
+    signing extra installs them) only to take the standard library's SSLContext back out
+    of it; without it, it takes the same class from urllib3.util.ssl_. Afterwards the shim
+    is importable again for whoever really wants it.
+    """
+    if _PYOPENSSL in sys.modules:
+        yield
+        return
+    sys.modules[_PYOPENSSL] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get(_PYOPENSSL, 0) is None:
+            del sys.modules[_PYOPENSSL]

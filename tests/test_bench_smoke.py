@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import loop_fs
-from benchmark import fs_type
-from nginx_endpoint import NginxEndpoint, find_nginx, nginx_etag
-
-SCRIPTS = Path(loop_fs.__file__).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the bench package
+from bench import REPO
+from bench.fsinfo import fs_type, loop_mount, why_not
+from bench.nginx import NginxEndpoint, find_nginx, nginx_etag
 
 pytestmark = pytest.mark.skipif(find_nginx() is None, reason="nginx is not installed")
 
@@ -109,9 +107,9 @@ def test_access_log_times_each_request_and_marks_ranged_gets(endpoint: NginxEndp
 
 
 def test_loop_mount_makes_a_fresh_file_system_and_removes_it(tmp_path: Path) -> None:
-    if loop_fs.why_not("xfs"):
-        pytest.skip(loop_fs.why_not("xfs"))
-    with loop_fs.loop_mount("xfs", 512 * 1024 * 1024, tmp_path) as mount:
+    if reason := why_not("xfs"):
+        pytest.skip(reason)
+    with loop_mount("xfs", 512 * 1024 * 1024, tmp_path) as mount:
         (mount / "probe").write_bytes(b"x")
         assert fs_type(mount) == "xfs"
     assert not mount.exists() and list(tmp_path.iterdir()) == []
@@ -120,7 +118,7 @@ def test_loop_mount_makes_a_fresh_file_system_and_removes_it(tmp_path: Path) -> 
 def test_the_bench_harness_runs_and_times_the_cold_start(tmp_path: Path) -> None:
     """A smoke run of scripts/bench: modelsync alone, a 64 KiB-file cold pull; no timing asserted."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "benchmark.py"), "--small", "--rounds", "1", "--only", "cold-64m",
+        [str(REPO / "scripts" / "bench"), "--small", "--rounds", "1", "--only", "cold-64m",
          "--dest", "tmpfs", "--endpoint", "nginx", "--contenders", "modelsync",
          "--cache-dir", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results")],
         capture_output=True, text=True, timeout=300, check=False,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import pytest
 
-from modelsync.config import Settings, load_settings
-from modelsync.errors import UsageError
+from modelsync.config import Settings, check_ca_bundle, load_settings
+from modelsync.errors import CaBundleError, UsageError
 
 
 def test_defaults_apply_when_nothing_is_given() -> None:
@@ -68,3 +69,51 @@ def test_a_missing_or_broken_config_file_is_a_usage_error(tmp_path: Path) -> Non
 def test_a_relative_cache_dir_is_made_absolute(tmp_path: Path) -> None:
     s = load_settings({}, {"MODELSYNC_CACHE_DIR": "rel/cache"})
     assert s.cache_dir.is_absolute()
+
+
+#: base64 of bytes that start like a DER certificate (an ASN.1 SEQUENCE) and are not one
+NOT_QUITE_A_CERTIFICATE = "-----BEGIN CERTIFICATE-----\nMIIBAAECAwQFBgcICQ==\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("# REPLACE_WITH_PRIVATE_CA_PEM\n", "holds no PEM certificate"),
+        ("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n", "holds no PEM certificate"),
+        ("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+         "holds no PEM certificate"),
+        (None, "does not exist"),
+    ],
+)
+def test_a_ca_bundle_without_a_certificate_fails_when_settings_are_read(
+    tmp_path: Path, text: str | None, message: str
+) -> None:
+    """A placeholder left in the CA ConfigMap is exit 2 for every command, before any connection."""
+    bundle = tmp_path / "ca.crt"
+    if text is not None:
+        bundle.write_text(text)
+    with pytest.raises(CaBundleError, match=f"AWS_CA_BUNDLE.*{message}"):
+        load_settings({}, {"AWS_CA_BUNDLE": str(bundle)})
+
+
+def test_a_ca_bundle_is_loaded_only_where_tls_is_set_up(tmp_path: Path) -> None:
+    """Reading settings only looks for a certificate; `check_ca_bundle`, called where a TLS
+    context is built, loads the bundle and refuses one that looks like a certificate but is not."""
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text(NOT_QUITE_A_CERTIFICATE)
+    assert load_settings({}, {"AWS_CA_BUNDLE": str(bundle)}).ca_bundle == str(bundle)
+    with pytest.raises(CaBundleError, match="holds no PEM certificate"):
+        check_ca_bundle(str(bundle))
+
+
+def test_a_ca_bundle_swapped_for_a_broken_one_is_judged_again(tmp_path: Path) -> None:
+    """The loaded bundle is remembered per version of the file, not per path."""
+    system = Path(ssl.get_default_verify_paths().openssl_cafile)
+    if not system.is_file():
+        pytest.skip(f"no system CA bundle at {system}")
+    bundle = tmp_path / "ca.crt"
+    bundle.write_bytes(system.read_bytes())
+    check_ca_bundle(str(bundle))
+    bundle.write_text(NOT_QUITE_A_CERTIFICATE)
+    with pytest.raises(CaBundleError, match="holds no PEM certificate"):
+        check_ca_bundle(str(bundle))

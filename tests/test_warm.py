@@ -82,12 +82,16 @@ def test_a_damaged_ready_model_falls_through_to_the_full_pull(tmp_path: Path) ->
 
 
 def test_the_warm_path_imports_neither_the_s3_stack_nor_the_full_command_line(tmp_path: Path) -> None:
+    """Nor what only a transfer needs: TLS (the CA bundle is only looked at), ctypes, TOML, xxhash."""
     ready = make_ready(tmp_path)
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nMIIBAA==\n-----END CERTIFICATE-----\n")  # passes the look
     code = (
         "import sys\n"
         "from modelsync.__main__ import main\n"
         "main()\n"
-        "print(sorted(m for m in ('typer', 'aiobotocore', 'botocore') if m in sys.modules))\n"
+        "print(sorted(m for m in ('typer', 'aiobotocore', 'botocore', 'ssl', 'ctypes', 'tomllib', 'xxhash')"
+        " if m in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, "pull", SOURCE, "--cache-dir", str(tmp_path)],
@@ -95,6 +99,7 @@ def test_the_warm_path_imports_neither_the_s3_stack_nor_the_full_command_line(tm
         text=True,
         timeout=60,
         check=True,
+        env={**os.environ, "AWS_CA_BUNDLE": str(bundle)},
     )
     assert done.stdout.splitlines() == [str(ready), "[]"]
 
@@ -105,14 +110,15 @@ MAIN_REPORTING_IMPORTS = (
     "try:\n"
     "    main()\n"
     "finally:\n"
-    "    print(sorted(m for m in ('typer', 'click') if m in sys.modules), file=sys.stderr)\n"
+    "    print(sorted(m for m in ('typer', 'click', 'OpenSSL') if m in sys.modules), file=sys.stderr)\n"
 )
 
 
 def test_a_plain_cold_pull_runs_without_the_full_command_line(
     tmp_path: Path, s3_client: BaseClient, bucket: str, child_env: dict[str, str]
 ) -> None:
-    """The init container's cold pull skips typer's import; same path on stdout, same progress."""
+    """The init container's cold pull skips typer's import (and pyOpenSSL, which botocore would
+    load only to find the standard library's SSLContext); same path on stdout, same progress."""
     s3_client.put_object(Bucket=bucket, Key="org/model/weights.bin", Body=b"w" * 300_000)
     done = subprocess.run(
         [sys.executable, "-c", MAIN_REPORTING_IMPORTS, "pull", f"s3://{bucket}/org/model/",

@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -277,7 +276,7 @@ class ModelLock:
         """Tell waiters who holds the model and how far the pull is (best effort)."""
         holder = {
             "pid": os.getpid(),
-            "host": socket.gethostname(),
+            "host": os.uname().nodename,
             "done_bytes": done_bytes,
             "total_bytes": total_bytes,
         }

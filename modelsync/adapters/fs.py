@@ -9,17 +9,19 @@ descriptors and O_NOFOLLOW, never built by joining a string.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import functools
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from modelsync.core.units import format_bytes
 from modelsync.errors import DiskFullError, LocalStorageError
+
+if TYPE_CHECKING:
+    import ctypes
 
 DIR_MODE = 0o2775  # setgid: files inherit the cache's group, so a daemon and init containers share it
 FILE_MODE = 0o664
@@ -162,7 +164,7 @@ def exchange(dir_fd: int, name: str, other_dir_fd: int, other_name: str) -> bool
     rc = renameat2(dir_fd, name.encode(), other_dir_fd, other_name.encode(), _RENAME_EXCHANGE)
     if rc == 0:
         return True
-    err = ctypes.get_errno()
+    err = _errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), other_name)
@@ -170,8 +172,18 @@ def exchange(dir_fd: int, name: str, other_dir_fd: int, other_name: str) -> bool
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """libc through ctypes, loaded on first use: ctypes costs every process ~10 ms to import,
+    and the warm path (a ready model) never calls into libc."""
+    import ctypes.util
+
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name, use_errno=True) if name else None
+
+
+def _errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
 
 
 _SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
@@ -183,6 +195,8 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     fn = getattr(libc, "sync_file_range", None) if libc is not None else None
     if fn is None:
         return None
+    import ctypes
+
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
     return fn  # type: ignore[no-any-return]
@@ -212,7 +226,7 @@ def write_behind(fd: int, start: int, length: int) -> None:
         return
     if fn(fd, start, length, _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
           | _SYNC_FILE_RANGE_WAIT_AFTER) != 0:
-        err = ctypes.get_errno()
+        err = _errno()
         raise OSError(err, os.strerror(err))
     os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
@@ -227,7 +241,7 @@ def syncfs(fd: int) -> bool:
     if fn is None:
         return False
     if fn(fd) != 0:
-        err = ctypes.get_errno()
+        err = _errno()
         raise OSError(err, os.strerror(err))
     return True
 

@@ -13,7 +13,6 @@ from pathlib import Path, PurePosixPath
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
-from modelsync.adapters.digest import hash_fd
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef
 
@@ -48,6 +47,8 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
     With `sha256s`, each file's SHA-256 is computed in the same pass and stored
     there, for a signature re-check that reads nothing twice.
     """
+    from modelsync.adapters.digest import hash_fd  # here, not at the top: the warm path never hashes
+
     problems = quick_check(root, record)
     bad = {p.path for p in problems}
     root_fd = fs.open_dir(root)

@@ -5,7 +5,7 @@ a ready directory with one small read-only file, its completion record
 (`render_record`, written atomically), and a last-used marker with a spread of
 ages. Then times whole CLI processes, as an operator would run them:
 
-    python scripts/cache_scale.py [--entries 10000] [--keep DIR]
+    scripts/bench cache-scale [--entries 10000] [--keep DIR]
 
 The first `ls` builds the index from the records; the later ones read it.
 Prints one line per measurement; nothing is asserted (it is a measurement,
@@ -75,11 +75,11 @@ def timed(args: list[str], root: Path) -> tuple[float, int, str]:
     return elapsed, result.returncode, result.stdout + result.stderr
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/bench cache-scale", description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--keep", type=Path, help="build the cache here and keep it")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     root = args.keep or Path(tempfile.mkdtemp(prefix="modelsync-scale-")) / "cache"
     try:
         started = time.perf_counter()
@@ -100,7 +100,5 @@ def main() -> None:
     finally:
         if args.keep is None:
             shutil.rmtree(root.parent, ignore_errors=True)
+    return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -2,27 +2,26 @@
 and signed, interleaved, each reporting wall time, CPU time and the tail after the last byte
 landed (hashing that had not caught up with the download).
 
-A diagnostic beside `scripts/bench_curves.py --only signature` (which times whole processes and
+A diagnostic beside `scripts/bench curves --only signature` (which times whole processes and
 gives the medians): it needs that run's data (`--cache-dir`, default `.bench-cache`), and shows
 whether SHA-256 overlaps the transfer or queues behind it on this machine at this moment.
 
-    .venv/bin/python scripts/signature_tail.py [--rounds 3]
+    scripts/bench signature-tail [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchmark
-from nginx_endpoint import NginxEndpoint
-
+from bench import REPO
+from bench.contenders import s3env
+from bench.harness import clear
+from bench.nginx import NginxEndpoint
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
 from modelsync.core.signature import Mode
@@ -40,19 +39,19 @@ class LastByte(NoEvents):
         self.at = time.monotonic()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(prog="scripts/signature_tail.py", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/bench signature-tail", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cache-dir", type=Path, default=benchmark.REPO / ".bench-cache")
+    ap.add_argument("--cache-dir", type=Path, default=REPO / ".bench-cache")
     ap.add_argument("--tmpfs-dir", type=Path, default=Path("/dev/shm"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     data_root = args.cache_dir / "data" / "full"
     public_key = data_root / "model-set-signed.pub.pem"
     if not public_key.exists():
-        print("error: run scripts/bench_curves.py --only signature first (it makes the signed set)")
+        print("error: run scripts/bench curves --only signature first (it makes the signed set)")
         return 2
-    os.environ.update(benchmark.CREDENTIALS)
     with NginxEndpoint(data_root) as endpoint:
+        os.environ.update(s3env(endpoint.url).subprocess_env())
         for rnd in range(1, args.rounds + 1):
             for bucket, signed in (("model-set", False), ("model-set-signed", True)):
                 dest = Path(tempfile.mkdtemp(prefix="signature-tail-", dir=args.tmpfs_dir))
@@ -70,9 +69,6 @@ def main() -> int:
                           f"tail after the last byte {end - events.at:5.2f} s  "
                           f"load {os.getloadavg()[0]:.1f}", flush=True)
                 finally:
-                    benchmark.clear(dest)
+                    clear(dest)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
-"""Run one command and write its wall time and resource usage as JSON; benchmark.py's launcher.
+"""Run one command and write its wall time and resource usage as JSON: the harness's launcher.
 
 Why a separate small process: when a process execs, Linux folds the RSS high-water mark of
 the memory it had before the exec into the new program's ru_maxrss. Spawned straight from
 the benchmark (tens of MiB), every contender would report at least that. Spawned from this
 launcher (run as `python -I -S`), the floor is the launcher's own ~10 MiB.
 
-Usage: python -I -S bench_spawn.py RESULT.json ARGV...
+Usage: python -I -S bench/spawn.py RESULT.json ARGV...
 """
 
 import json

@@ -21,7 +21,7 @@ resets its RSS high-water mark (`/proc/self/clear_refs` = 5) and runs the stage 
 "peak MiB" is the high-water mark reached during the stage minus the RSS before it,
 i.e. what the stage itself needed on top of the interpreter and its input.
 
-    .venv/bin/python scripts/plan_scale.py [--max 100000] [--rounds 3] [--markdown FILE]
+    scripts/bench scale [--max 100000] [--rounds 3] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import statistics
 import subprocess
@@ -41,11 +40,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchmark
-from bench_data import MiB
-from nginx_endpoint import NginxEndpoint
-
+from bench import REPO
+from bench.data import MiB
+from bench.nginx import NginxEndpoint
 from modelsync.core.manifest import FileEntry, render_manifest
 from modelsync.core.parts import RemoteFile
 
@@ -174,12 +171,12 @@ def listing_bytes(url: str, n: int) -> int:
         return len(resp.read())
 
 
-def measure(stage: str, n: int, arg: str, rounds: int) -> list[dict[str, float]]:
+def measure(stage: str, n: int, arg: str, rounds: int, env: dict[str, str]) -> list[dict[str, float]]:
     out = []
     for _ in range(rounds):
         done = subprocess.run(
-            [sys.executable, __file__, "--child", stage, str(n), arg],
-            capture_output=True, text=True, check=False, env=benchmark.base_env(), timeout=600)
+            [sys.executable, "-m", "bench", "scale", "--child", stage, str(n), arg], cwd=REPO,
+            capture_output=True, text=True, check=False, env=env, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{stage} {n}: {done.stderr.strip().splitlines()[-1:]}")
         out.append(json.loads(done.stdout))
@@ -208,18 +205,20 @@ def table(rows: list[Row], md: bool) -> list[str]:
              size_text(r.input_bytes),
              f"{r.median_s * 1000:.2f}", f"{r.us_per_file:.1f}", f"{r.peak_mib:.1f}",
              f"{r.rss_before_mib:.0f}"] for r in rows]
-    return benchmark.render_table(
+    from bench.report import render_table
+
+    return render_table(
         "cost of learning and planning a pull against the number of files "
         "(fresh process per run, median time, largest peak)", head, body, [], md)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts/plan_scale.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="scripts/bench scale", description=__doc__.split("\n")[0])
     ap.add_argument("--max", type=int, default=COUNTS[-1], help="largest file count to run")
     ap.add_argument("--rounds", type=int, default=3, help="fresh processes per point")
-    ap.add_argument("--cache-dir", type=Path, default=benchmark.REPO / ".bench-cache",
+    ap.add_argument("--cache-dir", type=Path, default=REPO / ".bench-cache",
                     help="the listing objects are made once under <cache-dir>/plan-scale")
-    ap.add_argument("--results-dir", type=Path, default=benchmark.REPO / "bench-results")
+    ap.add_argument("--results-dir", type=Path, default=REPO / "bench-results")
     ap.add_argument("--markdown", type=Path, metavar="FILE")
     ap.add_argument("--child", nargs=3, metavar=("STAGE", "N", "ARG"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -228,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(stage, int(n), arg)))
         return 0
 
+    # The parent side's imports (boto3 among them) stay out of the children, whose "RSS
+    # before" is the interpreter, modelsync and the stage's input only.
+    from bench.contenders import s3env
+    from bench.report import write_record
+
     counts = [n for n in COUNTS if n <= args.max]
     list_root = args.cache_dir / "plan-scale"
     rows: list[Row] = []
@@ -235,31 +239,20 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plan-scale-")))
         inputs = make_inputs(counts, work, list_root)
         ep = stack.enter_context(NginxEndpoint(list_root))
+        env = s3env(ep.url).subprocess_env()
         for stage in STAGES:
             for n in counts:
                 arg = ep.url if stage == "listing" else inputs[(stage, n)]
                 size = listing_bytes(ep.url, n) if stage == "listing" else (
                     Path(arg).stat().st_size if stage == "manifest" else 0)
-                row = summarise(stage, n, size, measure(stage, n, arg, args.rounds))
+                row = summarise(stage, n, size, measure(stage, n, arg, args.rounds, env))
                 print(f"  {stage:8s} {n:>7,} files  {row.median_s * 1000:9.2f} ms  "
                       f"peak {row.peak_mib:7.1f} MiB", flush=True)
                 rows.append(row)
     print("\n" + "\n".join(table(rows, md=False)))
-    now = dt.datetime.now(dt.UTC)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"plan-scale-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({
-        "started_utc": now.isoformat(timespec="seconds"),
-        "command": "scripts/plan_scale.py " + " ".join(sys.argv[1:]),
-        "machine": benchmark.machine_info(), "file_bytes": FILE_BYTES,
-        "part_bytes": PART_BYTES, "listing": "nginx static ListObjectsV2, one page",
-        "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
-    print(f"results: {path}")
-    if args.markdown:
-        args.markdown.write_text("\n".join(table(rows, md=True)))
-        print(f"markdown: {args.markdown}")
+    write_record(args.results_dir, "plan-scale", {
+        "file_bytes": FILE_BYTES, "part_bytes": PART_BYTES,
+        "listing": "nginx static ListObjectsV2, one page", "rows": [asdict(r) for r in rows],
+    }, args.markdown, table(rows, md=True))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,14 +18,13 @@ import os
 import random
 import shutil
 import struct
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # modelsync, installed or not
+from bench.nginx import nginx_etag
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.safetensors import INDEX_NAME, is_safetensors
 
@@ -124,7 +123,7 @@ def prepare(ds: DataSet, data_root: Path, log: Callable[[str], None] = print) ->
         _write_marker(ds, data_root, digests)
     model_dir = ds.model_dir(data_root)
     entries = tuple(
-        FileEntry(path=p, size_bytes=s, xxh3_128=digests[p], etag=_nginx_etag(model_dir / p))
+        FileEntry(path=p, size_bytes=s, xxh3_128=digests[p], etag=nginx_etag((model_dir / p).stat()))
         for p, s in ds.files
     )
     manifest = render_manifest(entries)
@@ -159,11 +158,6 @@ def link_subset(src: DataSet, name: str, paths: list[str], data_root: Path) -> D
 def _write_marker(ds: DataSet, data_root: Path, digests: dict[str, str]) -> None:
     marker = {"layout": _LAYOUT, "files": [[p, s] for p, s in ds.files], "xxh3_128": digests}
     (data_root / f"{ds.name}{_MARKER}").write_text(json.dumps(marker))
-
-
-def _nginx_etag(path: Path) -> str:
-    st = path.stat()
-    return f"{int(st.st_mtime):x}-{st.st_size:x}"
 
 
 def _load_marker(ds: DataSet, data_root: Path) -> dict[str, str] | None:
@@ -233,8 +227,8 @@ def _safetensors_heads(files: tuple[tuple[str, int], ...]) -> dict[str, bytes]:
         total += size - 8 - len(header)
     for path, size in files:
         if path.rpartition("/")[2] == INDEX_NAME:
-            text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}).encode()
-            heads[path] = text + b" " * max(0, size - len(text))
+            index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}).encode()
+            heads[path] = index + b" " * max(0, size - len(index))
     return heads
 
 

@@ -1,4 +1,4 @@
-"""Loop-mounted ext4 and XFS file systems for benchmark destinations like the nodes' cache.
+"""File-system facts for the benchmark's destinations: type, free space, fresh loop-mounted XFS and ext4.
 
 The nodes write to XFS on NVMe; a benchmark that only writes to the directory it
 happens to run in measures whatever file system that is. As root, `loop_mount`
@@ -18,6 +18,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from bench.data import GiB
+from bench.harness import BenchError
 
 MKFS = {"xfs": ["mkfs.xfs", "-q", "-f"], "ext4": ["mkfs.ext4", "-q", "-F"]}
 
@@ -76,3 +79,24 @@ def _run(*argv: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
+
+
+def fs_type(path: Path) -> str:
+    """The type of the filesystem holding `path`, from the longest matching /proc/mounts entry."""
+    best, kind = "", "unknown"
+    real = str(path.resolve())
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            parts = line.split()
+            point = parts[1].replace("\\040", " ")
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) > len(best):
+                best, kind = point, parts[2]
+    return kind
+
+
+def need_space(path: Path, want: int, what: str) -> None:
+    free = shutil.disk_usage(path).free
+    if free < want:
+        raise BenchError(f"{what}: need {want / GiB:.1f} GiB free in {path}, "
+                         f"have {free / GiB:.1f} GiB (try --small or free some space)")

@@ -1,6 +1,6 @@
 """The boto3 contender: list a prefix, then `download_file` each object, several files at once.
 
-Run as its own process by scripts/benchmark.py so that its CPU time and peak RSS are its own.
+Run as its own process by the harness (bench.contenders) so that its CPU time and peak RSS are its own.
 This is how a careful user drives boto3: one `download_file` per file with a tuned
 TransferConfig (classic threaded transfer manager, never CRT), files in a thread pool,
 one shared client with a connection pool large enough for every thread.

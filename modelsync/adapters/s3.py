@@ -41,7 +41,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from modelsync.config import Settings, check_ca_bundle
+from modelsync.config import Settings, sdk_verify
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
 from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
@@ -431,9 +431,7 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
             f"AWS profile {exc.kwargs.get('profile')!r} (AWS_PROFILE) is not in the AWS config or "
             f"credentials files (profiles there: {known}); fix AWS_PROFILE or unset it"
         ) from None
-    verify: bool | str | None = False if settings.insecure else settings.ca_bundle
-    if isinstance(verify, str) and (settings.endpoint_url or "https://").startswith("https"):
-        check_ca_bundle(verify)  # the SDK loads it for its TLS context: a bad one is one line
+    verify = sdk_verify(settings)
     async with session.create_client(
         "s3",
         region_name=settings.region,

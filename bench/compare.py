@@ -23,6 +23,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -124,6 +125,9 @@ def startup_probe(ms: Contender, prep: Prepared, data_root: Path, scratch: Path)
             if error := verify(pt, m, full=False):
                 out.error = error
                 break
+            deadline = time.monotonic() + 2  # nginx logs a request as it finalises it
+            while not any(r for *_, r in ep.requests()[seen:]) and time.monotonic() < deadline:
+                time.sleep(0.02)
             mine = ep.requests()[seen:]
             ranged = [t for t, _, is_range in mine if is_range]
             if not ranged:

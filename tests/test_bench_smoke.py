@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the bench package
 from bench import REPO
@@ -91,16 +92,20 @@ def test_bucket_root_serves_list_objects_v2(endpoint: NginxEndpoint) -> None:
 
 
 def test_access_log_counts_requests(endpoint: NginxEndpoint) -> None:
+    """nginx writes the line as it finalises the request, which can be after the client has
+    its answer: the count is waited for, then must not overshoot."""
     before = endpoint.request_count()
     request(endpoint, "HEAD", "/bucket/model/weights.bin")
+    wait_for(lambda: endpoint.request_count() >= before + 1, "the HEAD in the access log", timeout_s=5)
     assert endpoint.request_count() == before + 1
 
 
 def test_access_log_times_each_request_and_marks_ranged_gets(endpoint: NginxEndpoint) -> None:
     """What the cold-start probe reads: epoch time, request line, whether it asked for a range."""
-    before = time.time()
+    before, seen = time.time(), len(endpoint.requests())
     request(endpoint, "GET", "/bucket/model/weights.bin", {"Range": "bytes=0-9"})
     request(endpoint, "GET", "/bucket/model/weights.bin")
+    wait_for(lambda: len(endpoint.requests()) >= seen + 2, "both GETs in the access log", timeout_s=5)
     *_, (ranged_at, line, ranged), (_, _, plain) = endpoint.requests()
     assert before - 1 <= ranged_at <= time.time() + 1
     assert line.startswith("GET /bucket/model/weights.bin") and ranged and not plain

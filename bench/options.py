@@ -27,7 +27,7 @@ def parser(prog: str, list_opt: str, choices: tuple[str, ...], description: str)
     ap.add_argument("--tmpfs-dir", type=Path, default=Path("/dev/shm"),
                     help="a tmpfs mount for the tmpfs destination")
     ap.add_argument("--results-dir", type=Path, default=REPO / "bench-results",
-                    help="where the JSON record of the run is written")
+                    help="where the JSON record of the run is written (named by its start time)")
     ap.add_argument("--markdown", type=Path, metavar="FILE",
                     help="also write the tables as a markdown section to FILE")
     return ap

@@ -13,6 +13,9 @@ from pathlib import Path
 from bench.data import GiB
 from bench.harness import Point, Run, machine_info
 
+#: when this benchmark process started (the record is written at the end)
+STARTED = dt.datetime.now(dt.UTC)
+
 
 @dataclass
 class Summary:
@@ -111,10 +114,11 @@ def write_record(results_dir: Path, kind: str, doc: dict[str, object], markdown_
     """`<results_dir>/<kind>-<timestamp>.json` (with the command and the machine) and the markdown."""
     now = dt.datetime.now(dt.UTC)
     command = f"scripts/bench {' '.join(sys.argv[1:])}".strip()
-    record = {"started_utc": now.isoformat(timespec="seconds"), "command": command,
+    record = {"started_utc": STARTED.isoformat(timespec="seconds"),
+              "ended_utc": now.isoformat(timespec="seconds"), "command": command,
               "machine": machine_info(), **doc}
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{kind}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = results_dir / f"{kind}-{STARTED.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(record, indent=1, default=_jsonable) + "\n")
     print(f"\nresults: {path}")
     if markdown_path:

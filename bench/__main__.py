@@ -10,7 +10,7 @@ import os
 import sys
 
 ENTRIES = {"compare": "compare", "curves": "curves", "scale": "scale", "cache-scale": "cache_scale",
-           "signature-tail": "signature_tail", "startup": "startup"}
+           "signature": "signature", "signature-tail": "signature_tail", "startup": "startup"}
 
 
 def main(argv: list[str]) -> int:

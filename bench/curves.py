@@ -14,11 +14,9 @@ when one thing changes", which is what a default or a deployment is chosen from:
   default / N, at least 1) so only the process count changes;
 * file size: one object of 64 MiB, 256 MiB, 1 GiB, 4 GiB (s5cmd alongside as the
   reference, at the same settings as in `scripts/bench`);
-* files per second on 2,000 x 64 KiB files, modelsync against s5cmd;
-* signature: the same model set pulled unsigned (signatures off) and signed (an OpenSSF
-  `model.sig` over its files, pulled under `MODELSYNC_SIGNATURE=required`), so the cost of
-  hashing every byte with SHA-256 as it lands, and of verifying the bundle, shows as the
-  ratio of the two medians.
+* files per second on 2,000 x 64 KiB files, modelsync against s5cmd.
+
+The cost of a signature check has its own entry point, `scripts/bench signature`.
 
 Every point is a whole process measured by the harness (bench.harness: spawn to exit, CPU
 of the process tree from wait4, peak RSS of its largest process);
@@ -46,7 +44,7 @@ from bench.nginx import NginxEndpoint
 from bench.report import summarise, summary_table, write_record
 from modelsync.config import Settings
 
-CURVES = ("concurrency", "processes", "size", "small-files", "signature")
+CURVES = ("concurrency", "processes", "size", "small-files")
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 PROCESSES = (1, 2, 4, 8)  # divisors of the 8 shards
 SIZES_FULL = (64 * MiB, 256 * MiB, GiB, 4 * GiB)
@@ -111,18 +109,6 @@ def build_curves(args: argparse.Namespace, scratch: Path, url: str, work: Path,
         pts = [c.point("size", size_label(size), preps[f"size-{size}"], scratch / c.name, url, work)
                for size in args.sizes for c in (ms, s5) if not c.missing]
         specs.append(CurveSpec("size", f"one object of each size, defaults, tmpfs, {med}", "object", pts))
-    if "signature" in args.only:
-        unsigned, signed = preps["model-set"], preps["model-set-signed"]
-        signed_point = ms.point("signature", "signed", signed, scratch / "ms", url, work)
-        env = {**signed_point.env, "MODELSYNC_SIGNATURE": "required",
-               "MODELSYNC_SIGNATURE_PUBLIC_KEYS": str(args.signature_public_key)}
-        specs.append(CurveSpec(
-            "signature",
-            f"modelsync on the model set ({unsigned.dataset.count} files, "
-            f"{unsigned.dataset.total_bytes / GiB:.2f} GiB) unsigned and signed (SHA-256 of every "
-            f"byte, verified before ready), defaults, tmpfs, {med}", "model set",
-            [ms.point("signature", "unsigned", unsigned, scratch / "ms", url, work),
-             replace(signed_point, env=env)]))
     if "small-files" in args.only:
         prep = preps["small-files"]
         specs.append(CurveSpec(
@@ -144,11 +130,8 @@ def prepare_all(args: argparse.Namespace, root: Path) -> dict[str, Prepared]:
     """Generate (once) or reuse every set the chosen curves need; keys name the roles."""
     sets = data.datasets(args.small)
     preps: dict[str, Prepared] = {}
-    if {"concurrency", "processes", "signature"} & set(args.only):
+    if {"concurrency", "processes"} & set(args.only):
         preps["model-set"] = data.prepare(sets["model-set"], root)
-    if "signature" in args.only:
-        ds, args.signature_public_key = data.signed_copy(sets["model-set"], "model-set-signed", root)
-        preps["model-set-signed"] = data.prepare(ds, root)
     if "processes" in args.only:
         shards = [p for p, _ in sets["model-set"].files if p.endswith(".safetensors")]
         for n in PROCESSES:

@@ -2,7 +2,7 @@
 and signed, interleaved, each reporting wall time, CPU time and the tail after the last byte
 landed (hashing that had not caught up with the download).
 
-A diagnostic beside `scripts/bench curves --only signature` (which times whole processes and
+A diagnostic beside `scripts/bench signature` (which times whole processes and
 gives the medians): it needs that run's data (`--cache-dir`, default `.bench-cache`), and shows
 whether SHA-256 overlaps the transfer or queues behind it on this machine at this moment.
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     data_root = args.cache_dir / "data" / "full"
     public_key = data_root / "model-set-signed.pub.pem"
     if not public_key.exists():
-        print("error: run scripts/bench curves --only signature first (it makes the signed set)")
+        print("error: run scripts/bench signature first (it makes the signed set)")
         return 2
     with NginxEndpoint(data_root) as endpoint:
         os.environ.update(s3env(endpoint.url).subprocess_env())

@@ -4,6 +4,7 @@ clean up, and the harness runs end to end (a smoke run; performance is never ass
 from __future__ import annotations
 
 import http.client
+import json
 import subprocess
 import sys
 import time
@@ -131,3 +132,20 @@ def test_the_bench_harness_runs_and_times_the_cold_start(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "first ranged GET after" in done.stdout
     assert len(list((tmp_path / "results").glob("*.json"))) == 1
+
+
+def test_the_signature_benchmark_pulls_unsigned_and_signed_and_states_the_budget(tmp_path: Path) -> None:
+    """A smoke run of scripts/bench signature on tmpfs; its record, never its timing, is checked."""
+    done = subprocess.run(
+        [str(REPO / "scripts" / "bench"), "signature", "--small", "--rounds", "1", "--dest", "tmpfs",
+         "--cache-dir", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "signed ÷ unsigned wall time" in done.stdout
+    (path,) = (tmp_path / "results").glob("signature-*.json")
+    runs = json.loads(path.read_text())["runs"]
+    assert sorted(r["label"] for r in runs) == ["signed", "unsigned"]
+    assert all(r["error"] is None and r["nginx_cpu_s"] >= 0 for r in runs)
+    # the source is read again before each run: fincore finds it cached (a tiny set, just read)
+    assert all(r["source_cached"] is None or r["source_cached"] > 0.5 for r in runs)

@@ -14,18 +14,37 @@ Memory: one window mapping at a time per hasher.
 
 SHA-256 (what an OpenSSF model signature lists) is computed in the same pass,
 from the same window, only when the caller asks: unsigned pulls pay nothing.
+When more than one digest is computed, each takes the window a slice at a time,
+so the second reads the slice from the CPU cache the first just filled it into:
+reading the page cache from memory costs as much CPU as xxh3 itself, and more
+under load (measured in BENCHMARKS.md, "The cost of verifying a signature").
 """
 
 from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 from dataclasses import dataclass
 
 import xxhash
 
 #: bytes mapped at a time
 WINDOW_BYTES = 8 * 1024 * 1024
+#: bytes each digest takes in turn when several are computed: well inside a core's L2 cache,
+#: and far above the 2 KiB (hashlib) and 64 KiB (xxhash) from which they release the GIL
+SLICE_BYTES = 256 * 1024
+
+
+def sha256_slots() -> int:
+    """Files to hash at once when SHA-256 is on: one per usable core, at least 2, at most 16.
+
+    One file's SHA-256 is sequential and runs at about 1.6 GiB/s on a core with the SHA
+    extensions (xxh3 at about 10): the two hashers that keep up with any link for xxh3 would
+    cap a signed pull at about 3 GiB/s on a node that downloads faster. Each hasher maps one
+    window at a time, so this is also the bound on mapped page cache.
+    """
+    return max(2, min(16, len(os.sched_getaffinity(0))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +85,19 @@ class PrefixHasher:
             self.position = aligned + length
 
     def _update(self, data: memoryview) -> None:
-        self._xxh.update(data)
-        if self._sha256 is not None:
-            self._sha256.update(data)
+        if self._sha256 is None and self._md5 is None:
+            self._xxh.update(data)
+            return
+        for start in range(0, len(data), SLICE_BYTES):
+            piece = data[start : start + SLICE_BYTES]
+            self._xxh.update(piece)
+            if self._sha256 is not None:
+                self._sha256.update(piece)
+            self._update_md5(piece)
+            piece.release()
+
+    def _update_md5(self, data: memoryview) -> None:
+        """MD5 of each `md5_part_bytes` slice of the file, as S3 computes an ETag."""
         if self._md5 is None or not self._md5_part_bytes:
             return
         while len(data):

@@ -33,7 +33,7 @@ from typing import TypeVar
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
-from modelsync.adapters.digest import FileDigest, PrefixHasher
+from modelsync.adapters.digest import FileDigest, PrefixHasher, sha256_slots
 from modelsync.adapters.ranged_http import RangeClient, RangeRequest, make_ssl_context
 from modelsync.adapters.s3 import S3, ObjectInfo, open_s3, retry_policy
 from modelsync.config import Settings, check_ca_bundle
@@ -281,6 +281,8 @@ class _Puller:
         async with open_s3(self.settings) as s3, self._data_plane():
             self.s3 = s3
             files = self.signature.select(await self._files())
+            if self.signature.active:  # SHA-256 is ~6x slower than xxh3: a hasher per core
+                self.hash_slots = asyncio.Semaphore(sha256_slots())
             if self.current is not None and not self.recheck and _unchanged(self.current, files):
                 self.events.planned(len(files), self.current.total_bytes, 0)
                 return self.cache.ready_path(self.ref), plan_pull(files, self.settings.part_size_bytes, {})

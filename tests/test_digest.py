@@ -1,0 +1,66 @@
+"""The prefix hasher: the digests of a file fed in uneven prefixes are those of its bytes in one go."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from modelsync.adapters.digest import SLICE_BYTES, WINDOW_BYTES, PrefixHasher, hash_fd
+
+MiB = 1024 * 1024
+
+#: sizes around the slice and window edges, and a file of several windows
+SIZES = [
+    0,
+    1,
+    SLICE_BYTES - 1,
+    SLICE_BYTES + 1,
+    WINDOW_BYTES,
+    WINDOW_BYTES + 3 * SLICE_BYTES + 7,
+    2 * WINDOW_BYTES + 5,
+]
+
+
+def _file(tmp_path: Path, size_bytes: int) -> tuple[int, bytes]:
+    data = os.urandom(size_bytes)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY), data
+
+
+def _md5s(data: bytes, part_bytes: int) -> tuple[bytes, ...]:
+    parts = [data[i : i + part_bytes] for i in range(0, len(data), part_bytes)] or [b""]
+    return tuple(hashlib.md5(p).digest() for p in parts)
+
+
+@pytest.mark.parametrize("size_bytes", SIZES)
+def test_prefix_hasher_fed_in_uneven_prefixes_gives_the_whole_file_digests(
+    tmp_path: Path, size_bytes: int
+) -> None:
+    fd, data = _file(tmp_path, size_bytes)
+    md5_part_bytes = 5 * MiB + 3  # straddles slices and windows
+    try:
+        hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256=True)
+        for end in (size_bytes // 7, size_bytes // 3 + 1, size_bytes // 3 + 1, size_bytes - 1, size_bytes):
+            hasher.feed(fd, end)
+        got = hasher.digest()
+    finally:
+        os.close(fd)
+    assert got.xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+    assert got.sha256 == hashlib.sha256(data).hexdigest()
+    assert got.part_md5s == _md5s(data, md5_part_bytes)
+
+
+def test_unsigned_hashing_computes_no_sha256_and_no_md5(tmp_path: Path) -> None:
+    fd, data = _file(tmp_path, WINDOW_BYTES + 1)
+    try:
+        got = hash_fd(fd, len(data))
+    finally:
+        os.close(fd)
+    assert got.xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+    assert got.sha256 is None
+    assert got.part_md5s == ()

@@ -1,6 +1,6 @@
 """The pull under faults: transient network failures, corruption, overwrites, bad input, disk full.
 
-Every test drives `modelsync.engine.pull.pull` in-process against a real moto server,
+Every test drives `modelsync.engine.ensure.ensure_ready` in-process against a real moto server,
 most of them through the fault proxy, and asserts the outcome and the invariants:
 the ready path exists only after a verified pull, nothing is written outside the
 cache root, and a failed pull leaves only its own staging area (kept for resume).
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.engine import pull
 from support.faultproxy import FaultProxy, RequestRecord
 from support.objects import payload
 from support.s3env import S3Env
@@ -37,8 +38,8 @@ from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import format_bytes, parse_size
+from modelsync.engine.ensure import PullResult
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import PullResult, pull
 from modelsync.engine.upload import upload
 from modelsync.errors import (
     AccessDeniedError,

@@ -292,7 +292,7 @@ def prefetch(
 ) -> None:
     """Ask the running daemon to stage models now and print their paths; without one, pull them here."""
     from modelsync import api
-    from modelsync.engine.ready import warm_path
+    from modelsync.engine.ensure import ReadyOptions
 
     refs = _resolve_models(models, schedule)
     settings = build_settings(
@@ -314,7 +314,7 @@ def prefetch(
         reply = None
     if reply is None:
         for ref in refs:
-            typer.echo(str(warm_path(settings.cache_dir, ref) or cold_pull(settings, ref, quiet)))
+            typer.echo(str(cold_pull(settings, ref, quiet, ReadyOptions(use=False))))
         return
     if not reply.get("ok"):
         raise api.error_from_reply(reply)

@@ -46,7 +46,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,10 +60,11 @@ from modelsync.core.plan import NodePlan, plan_node, protection_reasons, start_j
 from modelsync.core.refs import ModelRef
 from modelsync.core.schedule import Schedule
 from modelsync.core.units import format_bytes
+from modelsync.engine.ensure import PullResult, ReadyOptions
 from modelsync.engine.events import PullEvents, status
 from modelsync.engine.evict import budget_bytes
 from modelsync.engine.inventory import RemoteSizes
-from modelsync.engine.pull import PullResult
+from modelsync.engine.ready import warm_path
 from modelsync.errors import IntegrityError, ModelsyncError, PullCancelledError, UsageError
 from modelsync.metrics import DaemonMetrics
 
@@ -78,17 +79,11 @@ PROGRESS_LOG_S = 30.0
 SIZE_RETRY_S = 300.0
 
 
-class Puller(Protocol):
-    """`modelsync.engine.pull.pull`, as the loop calls it (tests substitute a fake)."""
+class MakeReady(Protocol):
+    """`engine.ensure.ensure_ready` with the node's backends bound, as the loop calls it."""
 
     def __call__(
-        self,
-        settings: Settings,
-        ref: ModelRef,
-        events: PullEvents,
-        cancel: threading.Event | None = None,
-        protected: Mapping[str, str] = ...,
-        refresh: bool = False,
+        self, ref: ModelRef, *, settings: Settings, events: PullEvents, options: ReadyOptions
     ) -> PullResult: ...
 
 
@@ -185,6 +180,9 @@ class _Events:
     def note(self, message: str) -> None:
         log.info("%s: %s", self._label, message, extra={"model": self._label})
 
+    def damaged(self, path: str, reason: str) -> None:
+        log.warning("%s/%s: %s; fetching it again", self._label, path, reason, extra={"model": self._label})
+
 
 class Reconciler:
     def __init__(
@@ -192,7 +190,7 @@ class Reconciler:
         settings: Settings,
         config: LoopConfig,
         metrics: DaemonMetrics,
-        puller: Puller,
+        make_ready: MakeReady,
         inventory: Callable[[Cache], list[CacheEntry]],
         foreground: Callable[[Path], frozenset[str]],
         sizer: Callable[[Settings, list[ModelRef]], RemoteSizes],
@@ -203,7 +201,7 @@ class Reconciler:
         self.config = config
         self.metrics = metrics
         self.cache = Cache(settings.cache_dir)
-        self._puller = puller
+        self._make_ready = make_ready
         self._inventory = inventory
         self._foreground = foreground
         self._sizer = sizer
@@ -243,8 +241,9 @@ class Reconciler:
         for ref in refs:
             future: asyncio.Future[Path] = loop.create_future()
             futures.append(future)
-            if self.cache.ready_record(ref) is not None:
-                future.set_result(self.cache.ready_path(ref))
+            path = warm_path(self.settings.cache_dir, ref, self._settings_for(ref).requires_signature(ref))
+            if path is not None:
+                future.set_result(path)
                 continue
             pending.add(ref.model_id)
             self._waiters.setdefault(ref.model_id, []).append(future)
@@ -377,13 +376,13 @@ class Reconciler:
         protected = self._protected()
         settings = self._settings_for(job.ref)
         future = _in_daemon_thread(
-            lambda: self._puller(
-                settings,
+            lambda: self._make_ready(
                 job.ref,
-                _Events(self.metrics, job.label),
-                cancel=job.cancel,
-                protected=protected,
-                refresh=job.refresh,
+                settings=settings,
+                events=_Events(self.metrics, job.label),
+                options=ReadyOptions(
+                    use=not job.refresh, refresh=job.refresh, protected=protected, cancel=job.cancel
+                ),
             ),
             "modelsync-prefetch",
         )

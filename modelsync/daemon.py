@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -174,7 +175,13 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     metrics = DaemonMetrics()
     reconciler = Reconciler(
-        settings, options.loop, metrics, _make_ready(settings), cache_entries, live_foreground, remote_sizes
+        settings,
+        options.loop,
+        metrics,
+        _make_ready(settings),
+        cache_entries,
+        live_foreground,
+        functools.partial(remote_sizes, s3_backends(settings)),
     )
     reconciler.cache.ensure()
     watcher = ScheduleWatcher(options.schedule_path, reconciler, metrics)

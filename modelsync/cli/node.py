@@ -116,6 +116,7 @@ def plan(
 
     from modelsync.adapters.cache import Cache
     from modelsync.adapters.schedule_file import read_schedule
+    from modelsync.backends import s3_backends
     from modelsync.core.lifecycle import CacheState
     from modelsync.core.plan import NodePlan, parse_instant, plan_node
     from modelsync.core.plan_view import plan_json, render_plan
@@ -148,7 +149,7 @@ def plan(
     entries = cache_entries(Cache(settings.cache_dir))
     ready = {e.model for e in entries if e.state is CacheState.READY}
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
-    sizes = RemoteSizes({}, {}) if offline else remote_sizes(settings, missing)
+    sizes = RemoteSizes({}, {}) if offline else remote_sizes(s3_backends(settings), missing)
     for model_id, reason in sizes.unknown.items():
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
     rate = parse_rate(bandwidth or "0") or settings.max_bandwidth_bytes_per_s

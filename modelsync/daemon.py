@@ -54,7 +54,7 @@ from modelsync.core.schedule import Schedule
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import cache_entries, remote_sizes
-from modelsync.engine.reconcile import LoopConfig, MakeReady, Reconciler
+from modelsync.engine.reconcile import EnsureReady, LoopConfig, Reconciler
 from modelsync.errors import ModelsyncError, ScheduleError, UsageError
 from modelsync.metrics import CONTENT_TYPE, DaemonMetrics
 
@@ -156,16 +156,16 @@ class ScheduleWatcher:
                 await asyncio.wait_for(stop.wait(), WATCH_INTERVAL_S)
 
 
-def _make_ready(node: Settings) -> MakeReady:
+def _ensure_ready_over_s3(node: Settings) -> EnsureReady:
     """`ensure_ready` over the node's S3 backends, for the loop's pulls."""
     backends = s3_backends(node)
 
-    def make_ready(
+    def ensure(
         ref: ModelRef, *, settings: Settings, events: PullEvents, options: ReadyOptions
     ) -> PullResult:
         return ensure_ready(ref, settings=settings, backends=backends, events=events, options=options)
 
-    return make_ready
+    return ensure
 
 
 async def _serve(settings: Settings, options: DaemonOptions) -> None:
@@ -178,7 +178,7 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
         settings,
         options.loop,
         metrics,
-        _make_ready(settings),
+        _ensure_ready_over_s3(settings),
         cache_entries,
         live_foreground,
         functools.partial(remote_sizes, s3_backends(settings)),

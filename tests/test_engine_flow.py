@@ -64,7 +64,7 @@ def fetcher(store: FakeStore) -> FakeFetcher:
     return FakeFetcher(store)
 
 
-def make_ready(
+def ensure(
     settings: Settings,
     store: FakeStore,
     fetcher: FakeFetcher,
@@ -86,7 +86,7 @@ def test_a_pull_fetches_every_part_once_in_order_and_publishes_the_files(
 ) -> None:
     settings = Settings(cache_dir=settings.cache_dir, part_size_bytes=PART, concurrency=1)
 
-    result = make_ready(settings, store, fetcher)
+    result = ensure(settings, store, fetcher)
 
     assert result.path == Cache(settings.cache_dir).ready_path(REF)
     assert (result.path / "weights.bin").read_bytes() == WEIGHTS
@@ -101,12 +101,12 @@ def test_a_pull_fetches_every_part_once_in_order_and_publishes_the_files(
 def test_a_ready_model_is_answered_without_a_fetch_and_its_use_recorded(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
-    make_ready(settings, store, fetcher)
+    ensure(settings, store, fetcher)
     fetcher.fetches.clear()
     cache = Cache(settings.cache_dir)
     cache.touch(REF, at=1.0)
 
-    again = make_ready(settings, store, fetcher, lease_s=3600.0)
+    again = ensure(settings, store, fetcher, lease_s=3600.0)
 
     assert again.fetched_bytes == 0 and fetcher.fetches == []
     assert (cache.last_used(REF) or 0) > 1.0
@@ -116,11 +116,11 @@ def test_a_ready_model_is_answered_without_a_fetch_and_its_use_recorded(
 def test_a_prefetch_of_a_ready_model_is_not_a_use(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
-    make_ready(settings, store, fetcher)
+    ensure(settings, store, fetcher)
     cache = Cache(settings.cache_dir)
     cache.touch(REF, at=1.0)
 
-    make_ready(settings, store, fetcher, use=False)
+    ensure(settings, store, fetcher, use=False)
 
     assert cache.last_used(REF) == 1.0
 
@@ -129,10 +129,10 @@ def test_a_new_revision_links_the_files_it_shares_and_fetches_only_the_rest(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
     store.put_model(REV2, {"weights.bin": WEIGHTS, "config.json": b'{"layers": 3}'})
-    first = make_ready(settings, store, fetcher)
+    first = ensure(settings, store, fetcher)
     fetcher.fetches.clear()
 
-    second = make_ready(settings, store, fetcher, ref=REV2)
+    second = ensure(settings, store, fetcher, ref=REV2)
 
     assert fetcher.fetched_keys() == [REV2.prefix + "config.json"]
     assert second.fetched_bytes == len(b'{"layers": 3}')
@@ -145,7 +145,7 @@ def test_a_file_that_fails_its_check_twice_publishes_nothing(
     fetcher.corrupt.add(REF.prefix + "config.json")
 
     with pytest.raises(ChecksumMismatchError, match=r"config\.json"):
-        make_ready(settings, store, fetcher)
+        ensure(settings, store, fetcher)
 
     cache = Cache(settings.cache_dir)
     assert cache.ready_record(REF) is None and not cache.ready_path(REF).exists()
@@ -158,7 +158,7 @@ def test_a_file_corrupted_once_is_fetched_again_and_the_model_published(
     key = REF.prefix + "config.json"
     fetcher.corrupt.add(key)
     fetcher.faults[key] = [lambda *_: None, lambda *_: fetcher.corrupt.discard(key)]  # the 2nd GET is good
-    result = make_ready(settings, store, fetcher)
+    result = ensure(settings, store, fetcher)
 
     assert (result.path / "config.json").read_bytes() == CONFIG
     assert fetcher.fetched_keys().count(key) == 2
@@ -170,7 +170,7 @@ def test_a_cut_transfer_resumes_from_the_last_byte_written(
     key = REF.prefix + "weights.bin"
     fetcher.faults[key] = [cut_after(1000)]
 
-    result = make_ready(settings, store, fetcher)
+    result = ensure(settings, store, fetcher)
 
     assert (result.path / "weights.bin").read_bytes() == WEIGHTS
     first = [f for f in fetcher.fetches if f.key == key and f.end == PART]
@@ -187,7 +187,7 @@ def test_a_cancelled_pull_publishes_nothing_and_the_next_one_fetches_only_what_i
     threading.Thread(target=lambda: stalled.wait(30) and cancel.set(), daemon=True).start()
 
     with pytest.raises(PullCancelledError):
-        make_ready(settings, store, fetcher, cancel=cancel)
+        ensure(settings, store, fetcher, cancel=cancel)
 
     assert fetcher.closed.is_set(), "cancelling aborts the transfers"
     assert Cache(settings.cache_dir).ready_record(REF) is None
@@ -195,7 +195,7 @@ def test_a_cancelled_pull_publishes_nothing_and_the_next_one_fetches_only_what_i
     assert len(before) == 2
     fetcher.fetches.clear()
 
-    result = make_ready(settings, store, fetcher)
+    result = ensure(settings, store, fetcher)
 
     assert (result.path / "weights.bin").read_bytes() == WEIGHTS
     after = {(f.start, f.end) for f in fetcher.fetches if f.key == key}
@@ -205,13 +205,13 @@ def test_a_cancelled_pull_publishes_nothing_and_the_next_one_fetches_only_what_i
 def test_a_damaged_ready_model_fetches_only_its_bad_file_and_says_which(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
-    ready = make_ready(settings, store, fetcher).path
+    ready = ensure(settings, store, fetcher).path
     os.chmod(ready / "config.json", 0o644)
     os.truncate(ready / "config.json", 3)
     fetcher.fetches.clear()
     events = Noted()
 
-    result = make_ready(settings, store, fetcher, events=events)
+    result = ensure(settings, store, fetcher, events=events)
 
     assert fetcher.fetched_keys() == [REF.prefix + "config.json"]
     assert (result.path / "config.json").read_bytes() == CONFIG
@@ -221,16 +221,16 @@ def test_a_damaged_ready_model_fetches_only_its_bad_file_and_says_which(
 def test_verify_rehashes_a_ready_model_and_fetches_a_file_whose_bytes_changed(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
-    ready = make_ready(settings, store, fetcher).path
+    ready = ensure(settings, store, fetcher).path
     os.chmod(ready / "weights.bin", 0o644)
     with open(ready / "weights.bin", "r+b") as f:
         f.write(b"rot")  # same size: only a re-hash finds it
     fetcher.fetches.clear()
 
-    unverified = make_ready(settings, store, fetcher)
+    unverified = ensure(settings, store, fetcher)
     assert unverified.fetched_bytes == 0, "the readiness rule does not hash"
     events = Noted()
-    result = make_ready(settings, store, fetcher, events=events, verify=True)
+    result = ensure(settings, store, fetcher, events=events, verify=True)
 
     assert {f.key for f in fetcher.fetches} == {REF.prefix + "weights.bin"}
     assert (result.path / "weights.bin").read_bytes() == WEIGHTS
@@ -240,12 +240,12 @@ def test_verify_rehashes_a_ready_model_and_fetches_a_file_whose_bytes_changed(
 def test_a_refresh_of_an_unchanged_model_fetches_nothing_and_is_not_a_use(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
-    make_ready(settings, store, fetcher)
+    ensure(settings, store, fetcher)
     cache = Cache(settings.cache_dir)
     cache.touch(REF, at=1.0)
     fetcher.fetches.clear()
 
-    result = make_ready(settings, store, fetcher, refresh=True, use=False)
+    result = ensure(settings, store, fetcher, refresh=True, use=False)
 
     assert result.fetched_bytes == 0 and fetcher.fetches == []
     assert cache.last_used(REF) == 1.0
@@ -254,11 +254,11 @@ def test_a_refresh_of_an_unchanged_model_fetches_nothing_and_is_not_a_use(
 def test_a_refresh_pulls_a_changed_file_and_keeps_the_rest(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:
-    make_ready(settings, store, fetcher)
+    ensure(settings, store, fetcher)
     store.put_model(REF, {"weights.bin": WEIGHTS, "config.json": b'{"layers": 4}'})
     fetcher.fetches.clear()
 
-    result = make_ready(settings, store, fetcher, refresh=True, use=False)
+    result = ensure(settings, store, fetcher, refresh=True, use=False)
 
     assert fetcher.fetched_keys() == [REF.prefix + "config.json"]
     assert (result.path / "config.json").read_bytes() == b'{"layers": 4}'

@@ -71,7 +71,7 @@ class Observer:
         self.paused.append(paused)
 
 
-class FakeMakeReady:
+class FakeEnsureReady:
     """Stands in for `ensure_ready`: each model's pulls play a script of outcomes, in order.
 
     "block" waits until the loop cancels the pull, then raises PullCancelledError
@@ -107,7 +107,7 @@ class FakeMakeReady:
 
 def loop(
     tmp_path: Path,
-    make_ready: FakeMakeReady,
+    ensure: FakeEnsureReady,
     announced: Callable[[], frozenset[str]] = frozenset,
     scheduled: bool = True,
 ) -> tuple[Reconciler, Observer]:
@@ -117,7 +117,7 @@ def loop(
         Settings(cache_dir=tmp_path / "cache"),
         LoopConfig(pool=POOL, node="node-a", jitter_max_s=0.0, refresh_s=0.0, poll_s=0.05),
         observer,
-        make_ready,
+        ensure,
         inventory=lambda cache: [],
         foreground=lambda cache_dir: announced(),
         sizer=lambda refs: RemoteSizes({}, {}),
@@ -141,20 +141,20 @@ async def running(reconciler: Reconciler, body: Callable[[], Coroutine[Any, Any,
 
 def test_a_waiting_pods_request_preempts_a_background_prefetch_which_then_resumes(tmp_path: Path) -> None:
     script: dict[str, list[object]] = {BACKGROUND.model_id: ["block", "ok"], WANTED.model_id: ["ok"]}
-    make_ready = FakeMakeReady(tmp_path / "cache", script)
-    reconciler, observer = loop(tmp_path, make_ready)
+    ensure = FakeEnsureReady(tmp_path / "cache", script)
+    reconciler, observer = loop(tmp_path, ensure)
 
     async def body() -> None:
-        await make_ready.wait_started(BACKGROUND.model_id, 0)
+        await ensure.wait_started(BACKGROUND.model_id, 0)
         (future,) = reconciler.request([WANTED], preempt=True)
         assert await asyncio.wait_for(future, 30) == tmp_path / "cache" / WANTED.cache_path
-        await make_ready.wait_started(BACKGROUND.model_id, 1)
+        await ensure.wait_started(BACKGROUND.model_id, 1)
 
     asyncio.run(running(reconciler, body))
 
-    order = [model for model, _ in make_ready.calls[:3]]
+    order = [model for model, _ in ensure.calls[:3]]
     assert order == [BACKGROUND.model_id, WANTED.model_id, BACKGROUND.model_id]
-    prefetch, request = (options for _, options in make_ready.calls[:2])
+    prefetch, request = (options for _, options in ensure.calls[:2])
     assert not prefetch.refresh and prefetch.use, "a fetch the schedule asked for is a use"
     assert request.cancel is not None and not request.cancel.is_set()
     assert observer.failures == [], "yielding is not a failure"
@@ -162,17 +162,17 @@ def test_a_waiting_pods_request_preempts_a_background_prefetch_which_then_resume
 
 def test_an_announced_foreground_pull_pauses_the_loop_and_the_prefetch_resumes_after(tmp_path: Path) -> None:
     announced: list[frozenset[str]] = [frozenset()]
-    make_ready = FakeMakeReady(tmp_path / "cache", {BACKGROUND.model_id: ["block", "ok"]})
-    reconciler, observer = loop(tmp_path, make_ready, lambda: announced[0])
+    ensure = FakeEnsureReady(tmp_path / "cache", {BACKGROUND.model_id: ["block", "ok"]})
+    reconciler, observer = loop(tmp_path, ensure, lambda: announced[0])
 
     async def body() -> None:
-        await make_ready.wait_started(BACKGROUND.model_id, 0)
+        await ensure.wait_started(BACKGROUND.model_id, 0)
         announced[0] = frozenset({"models/org/other/r1"})
-        first = make_ready.calls[0][1].cancel
+        first = ensure.calls[0][1].cancel
         assert first is not None and await asyncio.to_thread(first.wait, 30), "the prefetch yields"
-        assert not make_ready.started[BACKGROUND.model_id][1].is_set()
+        assert not ensure.started[BACKGROUND.model_id][1].is_set()
         announced[0] = frozenset()
-        await make_ready.wait_started(BACKGROUND.model_id, 1)
+        await ensure.wait_started(BACKGROUND.model_id, 1)
 
     asyncio.run(running(reconciler, body))
 
@@ -182,8 +182,8 @@ def test_an_announced_foreground_pull_pauses_the_loop_and_the_prefetch_resumes_a
 
 def test_a_failed_pull_reaches_its_waiter_with_its_own_error_class(tmp_path: Path) -> None:
     missing = NotFoundError("no objects under s3://models/org/wanted/r1/; check the prefix")
-    make_ready = FakeMakeReady(tmp_path / "cache", {WANTED.model_id: [missing]})
-    reconciler, observer = loop(tmp_path, make_ready, scheduled=False)
+    ensure = FakeEnsureReady(tmp_path / "cache", {WANTED.model_id: [missing]})
+    reconciler, observer = loop(tmp_path, ensure, scheduled=False)
 
     async def body() -> None:
         (future,) = reconciler.request([WANTED])

@@ -61,7 +61,7 @@ from modelsync.errors import IntegrityError, ModelsyncError, PullCancelledError,
 
 log = logging.getLogger("modelsync.daemon")
 
-class MakeReady(Protocol):
+class EnsureReady(Protocol):
     """`engine.ensure.ensure_ready` with the node's backends bound, as the loop calls it."""
 
     def __call__(
@@ -108,7 +108,7 @@ class Reconciler:
         settings: Settings,
         config: LoopConfig,
         observer: LoopObserver,
-        make_ready: MakeReady,
+        ensure_ready: EnsureReady,
         inventory: Callable[[Cache], list[CacheEntry]],
         foreground: Callable[[Path], frozenset[str]],
         sizer: Callable[[list[ModelRef]], RemoteSizes],
@@ -119,7 +119,7 @@ class Reconciler:
         self.config = config
         self.observer = observer
         self.cache = Cache(settings.cache_dir)
-        self._make_ready = make_ready
+        self._ensure_ready = ensure_ready
         self._inventory = inventory
         self._foreground = foreground
         self._sizer = sizer
@@ -256,7 +256,7 @@ class Reconciler:
         )
         settings = self._settings_for(ref)
         future = in_daemon_thread(
-            lambda: self._make_ready(
+            lambda: self._ensure_ready(
                 ref, settings=settings, events=PullLog(self.observer, label), options=options
             ),
             "modelsync-prefetch",

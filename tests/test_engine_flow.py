@@ -98,31 +98,38 @@ def test_a_pull_fetches_every_part_once_in_order_and_publishes_the_files(
     assert record is not None and record.verified_by == "manifest"
 
 
-def test_a_ready_model_is_answered_without_a_fetch_and_its_use_recorded(
-    settings: Settings, store: FakeStore, fetcher: FakeFetcher
-) -> None:
+@pytest.fixture
+def ready(settings: Settings, store: FakeStore, fetcher: FakeFetcher) -> Cache:
+    """REF pulled, last used long ago, and the fetcher's record cleared."""
     ensure(settings, store, fetcher)
     fetcher.fetches.clear()
     cache = Cache(settings.cache_dir)
     cache.touch(REF, at=1.0)
+    return cache
 
-    again = ensure(settings, store, fetcher, lease_s=3600.0)
+
+@pytest.mark.parametrize(
+    ("options", "a_use"),
+    [
+        ({}, True),
+        ({"lease_s": 3600.0}, True),
+        ({"use": False}, False),  # a prefetch
+        ({"refresh": True, "use": False}, False),  # the daemon's check against the source
+    ],
+)
+def test_a_ready_model_is_answered_without_a_fetch_and_a_use_recorded_only_when_asked(
+    ready: Cache,
+    settings: Settings,
+    store: FakeStore,
+    fetcher: FakeFetcher,
+    options: dict[str, object],
+    a_use: bool,
+) -> None:
+    again = ensure(settings, store, fetcher, **options)
 
     assert again.fetched_bytes == 0 and fetcher.fetches == []
-    assert (cache.last_used(REF) or 0) > 1.0
-    assert cache.lease_until(REF) is not None
-
-
-def test_a_prefetch_of_a_ready_model_is_not_a_use(
-    settings: Settings, store: FakeStore, fetcher: FakeFetcher
-) -> None:
-    ensure(settings, store, fetcher)
-    cache = Cache(settings.cache_dir)
-    cache.touch(REF, at=1.0)
-
-    ensure(settings, store, fetcher, use=False)
-
-    assert cache.last_used(REF) == 1.0
+    assert ((ready.last_used(REF) or 0) > 1.0) is a_use
+    assert (ready.lease_until(REF) is not None) is ("lease_s" in options)
 
 
 def test_a_new_revision_links_the_files_it_shares_and_fetches_only_the_rest(
@@ -235,20 +242,6 @@ def test_verify_rehashes_a_ready_model_and_fetches_a_file_whose_bytes_changed(
     assert {f.key for f in fetcher.fetches} == {REF.prefix + "weights.bin"}
     assert (result.path / "weights.bin").read_bytes() == WEIGHTS
     assert events.damage and events.damage[0][0] == "weights.bin"
-
-
-def test_a_refresh_of_an_unchanged_model_fetches_nothing_and_is_not_a_use(
-    settings: Settings, store: FakeStore, fetcher: FakeFetcher
-) -> None:
-    ensure(settings, store, fetcher)
-    cache = Cache(settings.cache_dir)
-    cache.touch(REF, at=1.0)
-    fetcher.fetches.clear()
-
-    result = ensure(settings, store, fetcher, refresh=True, use=False)
-
-    assert result.fetched_bytes == 0 and fetcher.fetches == []
-    assert cache.last_used(REF) == 1.0
 
 
 def test_a_refresh_pulls_a_changed_file_and_keeps_the_rest(

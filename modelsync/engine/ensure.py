@@ -24,8 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from modelsync.adapters.cache import Cache, ModelLock
+from modelsync.adapters.cache import Cache
 from modelsync.adapters.foreground import announce
 from modelsync.config import Settings
 from modelsync.core.refs import ModelRef
@@ -33,6 +34,9 @@ from modelsync.engine.events import NoEvents, PullEvents
 from modelsync.engine.maintain import repair_ready, verify_ready
 from modelsync.engine.ports import OpenBackends
 from modelsync.engine.ready import Problem, Readiness, readiness
+
+if TYPE_CHECKING:
+    from modelsync.engine.pull import Pulled
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,36 +116,26 @@ def ensure_ready(
         if options.foreground and not announced:
             # found damaged only now (verify): the re-fetch is a foreground pull too
             stack.enter_context(announce(settings.cache_dir, ref))
-        result = _pull(settings, ref, cache, lock, events, backends, state, options, started)
+        from modelsync.engine.pull import pull_revision  # here: it imports the S3 stack
+
+        pulled = pull_revision(
+            settings,
+            ref,
+            cache,
+            lock,
+            events,
+            backends,
+            current=state.record,
+            recheck=state.unsigned,
+            protected=options.protected,
+            cancel=options.cancel,
+        )
+        result = _pulled(pulled, started)
     # A new copy is a use; a refresh check of a ready model is not.
     return _done(cache, ref, replace(options, use=options.use or state.record is None), result)
 
 
-def _pull(
-    settings: Settings,
-    ref: ModelRef,
-    cache: Cache,
-    lock: ModelLock,
-    events: PullEvents,
-    backends: OpenBackends,
-    state: Readiness,
-    options: ReadyOptions,
-    started: float,
-) -> PullResult:
-    from modelsync.engine.pull import pull_revision  # here: it imports the S3 stack
-
-    pulled = pull_revision(
-        settings,
-        ref,
-        cache,
-        lock,
-        events,
-        backends,
-        current=state.record,
-        recheck=state.unsigned,
-        protected=options.protected,
-        cancel=options.cancel,
-    )
+def _pulled(pulled: Pulled, started: float) -> PullResult:
     return PullResult(
         path=pulled.path,
         total_bytes=pulled.plan.total_bytes,

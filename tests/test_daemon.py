@@ -30,7 +30,8 @@ from support.objects import payload, upload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
-from modelsync.adapters.cache import STATE_DIR
+from modelsync.adapters.cache import STATE_DIR, Cache
+from modelsync.core.refs import parse_source
 from modelsync.core.units import format_bytes
 
 MiB = 1024 * 1024
@@ -279,7 +280,8 @@ def budget_env(env: S3Env, budget: str) -> dict[str, str]:
 def stage_with_pull(env: dict[str, str], cache: Path, source: str) -> None:
     pulled = run_cli(env, "pull", source, "--quiet", "--cache-dir", str(cache))
     assert pulled.returncode == 0, pulled.stderr
-    time.sleep(1.2)  # past the in-use grace: only the schedule can protect it now
+    # used before the in-use grace: only the schedule can protect it now
+    Cache(cache).touch(parse_source(source), at=time.time() - 60)
 
 
 def test_daemon_evicts_a_model_past_its_keep_time_to_stage_the_next_and_counts_the_eviction(

@@ -20,6 +20,7 @@ from modelsync.config import Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import NoEvents
+from modelsync.engine.ready import readiness, warm_path
 from modelsync.errors import ChecksumMismatchError, PullCancelledError
 
 pytestmark = pytest.mark.timeout(60)
@@ -255,3 +256,32 @@ def test_a_refresh_pulls_a_changed_file_and_keeps_the_rest(
 
     assert fetcher.fetched_keys() == [REF.prefix + "config.json"]
     assert (result.path / "config.json").read_bytes() == b'{"layers": 4}'
+
+
+def test_an_object_replaced_during_the_pull_is_fetched_again_whole_at_its_new_version(
+    settings: Settings, fetcher: FakeFetcher
+) -> None:
+    store = fetcher.store
+    store.objects.clear()
+    store.put_model(REF, {"weights.bin": WEIGHTS}, manifest=False)  # checked by its ETag
+    replaced = data(len(WEIGHTS) + 7, 2)
+    key = REF.prefix + "weights.bin"
+    fetcher.faults[key] = [lambda *_: store.put(REF, "weights.bin", replaced)]
+
+    result = ensure(settings, store, fetcher)
+
+    assert (result.path / "weights.bin").read_bytes() == replaced
+    record = Cache(settings.cache_dir).ready_record(REF)
+    assert record is not None and record.files[0].etag == store.etag(REF.bucket, key)
+
+
+@pytest.mark.parametrize(("signed_only", "ready"), [(False, True), (True, False)])
+def test_a_model_published_without_a_verified_signature_is_not_ready_where_one_is_required(
+    settings: Settings, store: FakeStore, fetcher: FakeFetcher, signed_only: bool, ready: bool
+) -> None:
+    path = ensure(settings, store, fetcher).path
+
+    state = readiness(Cache(settings.cache_dir), REF, signed_only)
+
+    assert state.ready is ready and state.unsigned is not ready
+    assert warm_path(settings.cache_dir, REF, signed_only) == (path if ready else None)

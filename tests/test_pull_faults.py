@@ -31,6 +31,7 @@ from support.s3env import S3Env
 from support.waiting import wait_for
 
 import modelsync.adapters.cache as cache_adapter
+import modelsync.adapters.fs as fs_adapter
 import modelsync.adapters.ranged_http as ranged_http
 from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.adapters.fs import in_memory
@@ -637,7 +638,7 @@ def test_pull_refuses_a_malformed_manifest_with_the_reason(
 # ---- disk full ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seam", ["pwrite", "posix_fallocate"])
+@pytest.mark.parametrize("seam", ["pwrite", "posix_fallocate", "fdatasync"])
 def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_enospc(
     seam: str,
     tmp_path: Path,
@@ -653,6 +654,9 @@ def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_eno
 
     if seam == "pwrite":
         monkeypatch.setattr(ranged_http.os, "pwrite", no_space)
+    elif seam == "fdatasync":  # a completed file of several parts is flushed as soon as it lands
+        assert not in_memory(tmp_path), "fdatasync is skipped on tmpfs"
+        monkeypatch.setattr(fs_adapter.os, "fdatasync", no_space)
     else:
         monkeypatch.setattr(cache_adapter.os, "posix_fallocate", no_space)
     settings = make_settings()

@@ -121,7 +121,7 @@ class FetchWindow:
                 # data is on disk already (write-behind); this makes its size and extents
                 # durable. A one-part file waits for publish's single syncfs: thousands of
                 # small files would each pay a journal commit here.
-                await asyncio.to_thread(os.fdatasync, fd)
+                await asyncio.to_thread(fs.sync_data, fd, self.staging.dir / work.file.path)
             return hasher.digest()
         except DiskFullError as exc:
             raise DiskFullError(

@@ -29,7 +29,7 @@ class PullEvents(Protocol):
         """Something the user should know about how the pull runs (one line, no prefix)."""
 
     def damaged(self, path: str, reason: str) -> None:
-        """A file of the ready model is damaged: the model is unpublished and the file fetched again."""
+        """A file of the ready model is damaged: the model leaves the ready set, the file is fetched again."""
 
 
 class ByteCounter:

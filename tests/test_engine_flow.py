@@ -16,6 +16,7 @@ import pytest
 from support.fakes import FakeFetcher, FakeStore, cut_after, fake_backends, hang_until_closed
 
 from modelsync.adapters.cache import Cache
+from modelsync.adapters.foreground import live_foreground
 from modelsync.config import Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
@@ -285,3 +286,15 @@ def test_a_model_published_without_a_verified_signature_is_not_ready_where_one_i
 
     assert state.ready is ready and state.unsigned is not ready
     assert warm_path(settings.cache_dir, REF, signed_only) == (path if ready else None)
+
+
+def test_a_foreground_pull_is_announced_while_it_fetches_and_no_longer_after(
+    settings: Settings, store: FakeStore, fetcher: FakeFetcher
+) -> None:
+    seen: list[frozenset[str]] = []
+    fetcher.faults[REF.prefix + "config.json"] = [lambda *_: seen.append(live_foreground(settings.cache_dir))]
+
+    ensure(settings, store, fetcher, foreground=True)
+
+    assert seen == [frozenset({REF.model_id})], "the node's daemon yields while this fetches"
+    assert live_foreground(settings.cache_dir) == frozenset()

@@ -22,11 +22,12 @@ from bench import REPO
 from bench.contenders import s3env
 from bench.harness import clear
 from bench.nginx import NginxEndpoint
+from modelsync.backends import s3_backends
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
 from modelsync.core.signature import Mode
+from modelsync.engine.ensure import ensure_ready
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import pull
 
 
 class LastByte(NoEvents):
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                                            signature_public_keys=(str(public_key),))
                     events = LastByte()
                     wall, cpu = time.monotonic(), time.process_time()
-                    pull(settings, parse_source(f"s3://{bucket}/model/"), events)
+                    ref = parse_source(f"s3://{bucket}/model/")
+                    ensure_ready(ref, settings=settings, backends=s3_backends(settings), events=events)
                     end = time.monotonic()
                     print(f"round {rnd} {'signed  ' if signed else 'unsigned'} wall {end - wall:6.2f} s  "
                           f"cpu {time.process_time() - cpu:5.2f} s  "

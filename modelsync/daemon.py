@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -44,14 +45,16 @@ from prometheus_client import disable_created_metrics
 from modelsync import api
 from modelsync.adapters.foreground import live_foreground
 from modelsync.adapters.schedule_file import parse_schedule_bytes, read_schedule_bytes
+from modelsync.backends import s3_backends
 from modelsync.config import Settings
 from modelsync.core.allow import allow_list
 from modelsync.core.plan_view import plan_json
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.schedule import Schedule
+from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
+from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import cache_entries, remote_sizes
-from modelsync.engine.pull import pull
-from modelsync.engine.reconcile import LoopConfig, Reconciler
+from modelsync.engine.reconcile import EnsureReady, LoopConfig, Reconciler
 from modelsync.errors import ModelsyncError, ScheduleError, UsageError
 from modelsync.metrics import CONTENT_TYPE, DaemonMetrics
 
@@ -153,6 +156,18 @@ class ScheduleWatcher:
                 await asyncio.wait_for(stop.wait(), WATCH_INTERVAL_S)
 
 
+def _ensure_ready_over_s3(node: Settings) -> EnsureReady:
+    """`ensure_ready` over the node's S3 backends, for the loop's pulls."""
+    backends = s3_backends(node)
+
+    def ensure(
+        ref: ModelRef, *, settings: Settings, events: PullEvents, options: ReadyOptions
+    ) -> PullResult:
+        return ensure_ready(ref, settings=settings, backends=backends, events=events, options=options)
+
+    return ensure
+
+
 async def _serve(settings: Settings, options: DaemonOptions) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -160,7 +175,13 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     metrics = DaemonMetrics()
     reconciler = Reconciler(
-        settings, options.loop, metrics, pull, cache_entries, live_foreground, remote_sizes
+        settings,
+        options.loop,
+        metrics,
+        _ensure_ready_over_s3(settings),
+        cache_entries,
+        live_foreground,
+        functools.partial(remote_sizes, s3_backends(settings)),
     )
     reconciler.cache.ensure()
     watcher = ScheduleWatcher(options.schedule_path, reconciler, metrics)

@@ -90,8 +90,8 @@ def run_demo(keep: bool) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
-    from modelsync.engine.events import NoEvents
-    from modelsync.engine.pull import pull
+    from modelsync.backends import s3_backends
+    from modelsync.engine.ensure import ensure_ready
     from modelsync.engine.upload import upload
 
     for name, value in (
@@ -122,7 +122,7 @@ def run_demo(keep: bool) -> None:
         result = asyncio.run(upload(settings, work / "model", ref))
         say(f"published {result.files} files to {ref.uri} with a manifest ({elapsed(t)})")
 
-        cold = pull(settings, ref, NoEvents())
+        cold = ensure_ready(ref, settings=settings, backends=s3_backends(settings))
         rate = cold.fetched_bytes / max(cold.elapsed_s, 1e-9)
         say(
             f"cold pull: {cold.files} files, {format_bytes(cold.fetched_bytes)} fetched, verified "

@@ -179,6 +179,12 @@ class DaemonMetrics:
         if integrity:
             self.verification_failures.inc()
 
+    def evicted(self, models: int) -> None:
+        self.evictions.inc(models)
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused.set(1 if paused else 0)
+
     def schedule_loaded(self) -> None:
         self.schedule_ok.set(1)
 

@@ -109,6 +109,11 @@ class StderrProgress:
         # shown even with --quiet: it says why a flag the user gave is not in effect
         print(("\r\x1b[K" if self.tty else "") + f"note: {message}", file=self.stream, flush=True)
 
+    def damaged(self, path: str, reason: str) -> None:
+        # shown even with --quiet: the model was not as the cache said, and is fetched again
+        line = f"warning: {self.label}/{path}: {reason}; fetching it again"
+        print(("\r\x1b[K" if self.tty else "") + line, file=self.stream, flush=True)
+
     def close(self) -> None:
         """Stop redrawing and leave one final line: the bar at its end, or the totals, time and rate."""
         self._stop.set()

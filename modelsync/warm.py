@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modelsync import interrupt
 from modelsync.adapters.cache import Cache
@@ -29,6 +30,9 @@ from modelsync.config import Settings, config_file_from, load_settings, parse_se
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ready import warm_path
 from modelsync.errors import LocalStorageError, ModelsyncError
+
+if TYPE_CHECKING:
+    from modelsync.engine.ensure import ReadyOptions
 
 _VALUED = {
     "--cache-dir": "cache_dir",
@@ -107,7 +111,6 @@ def try_cold_pull(argv: Sequence[str], env: Mapping[str, str]) -> int | None:
     try:
         usable_cache(settings)
         path = cold_pull(settings, ref, quiet)
-        Cache(settings.cache_dir).touch(ref)
     except ModelsyncError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
@@ -127,23 +130,31 @@ def usable_cache(settings: Settings) -> Cache:
     return Cache(root)
 
 
-def cold_pull(settings: Settings, ref: ModelRef, quiet: bool) -> Path:
-    """Pull `ref` in this process with progress on stderr, announced as a foreground pull.
+def cold_pull(settings: Settings, ref: ModelRef, quiet: bool, options: ReadyOptions | None = None) -> Path:
+    """Make `ref` ready in this process (`engine.ensure_ready`) with progress on stderr.
 
-    The announcement makes a running daemon pause its background prefetch, so a
-    pod's init container gets the node's bandwidth. The engine is imported here,
-    not at the top, so commands that never pull (a warm pull, ls) stay fast.
+    A fetch is announced as a foreground pull, which makes a running daemon
+    pause its background prefetch, so a pod's init container gets the node's
+    bandwidth. The engine is imported here, not at the top, so commands that
+    never pull (a warm pull, ls) stay fast.
     """
-    from modelsync.adapters.foreground import announce
-    from modelsync.progress import StderrProgress
+    from dataclasses import replace
 
-    with _without_pyopenssl():
-        from modelsync.engine.pull import pull
+    from modelsync.backends import s3_backends
+    from modelsync.engine.ensure import ReadyOptions, ensure_ready
+    from modelsync.progress import StderrProgress
 
     progress = StderrProgress(ref.model_id, quiet=quiet)
     try:
-        with announce(settings.cache_dir, ref):
-            result = pull(settings, ref, progress)
+        # The S3 SDK is imported inside, only when the model must be fetched.
+        with _without_pyopenssl():
+            result = ensure_ready(
+                ref,
+                settings=settings,
+                backends=s3_backends(settings),
+                events=progress,
+                options=replace(options or ReadyOptions(), foreground=True),
+            )
     finally:
         progress.close()
     return result.path

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from botocore.client import BaseClient
 from support.cli import one_error_line, run_cli
+from support.engine import pull
 from support.faultproxy import FaultProxy
 from support.objects import put_model
 from support.s3env import S3Env
@@ -37,7 +38,6 @@ from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes
 from modelsync.engine.catalog import open_catalog
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import pull
 from modelsync.errors import ExitCode
 
 KiB = 1024

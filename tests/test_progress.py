@@ -27,8 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.s3env import S3Env
 
+from modelsync.engine.background import PROGRESS_LOG_S, PullLog
 from modelsync.engine.events import status
-from modelsync.engine.reconcile import PROGRESS_LOG_S, _Events
 from modelsync.metrics import DaemonMetrics
 from modelsync.progress import StderrProgress, bar_line, shorten_middle
 
@@ -135,7 +135,7 @@ def test_quiet_prints_nothing() -> None:
 
 def test_the_daemon_logs_how_far_a_long_pull_is(caplog: pytest.LogCaptureFixture) -> None:
     now = [1000.0]
-    events = _Events(DaemonMetrics(), "models/org/m", clock=lambda: now[0])
+    events = PullLog(DaemonMetrics(), "models/org/m", clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger="modelsync.daemon"):
         events.planned(files=2, total_bytes=10 * MiB, missing_bytes=10 * MiB)
         events.fetched(MiB)

@@ -1,6 +1,6 @@
 """The pull under faults: transient network failures, corruption, overwrites, bad input, disk full.
 
-Every test drives `modelsync.engine.pull.pull` in-process against a real moto server,
+Every test drives `modelsync.engine.ensure.ensure_ready` in-process against a real moto server,
 most of them through the fault proxy, and asserts the outcome and the invariants:
 the ready path exists only after a verified pull, nothing is written outside the
 cache root, and a failed pull leaves only its own staging area (kept for resume).
@@ -24,12 +24,14 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.engine import pull
 from support.faultproxy import FaultProxy, RequestRecord
 from support.objects import payload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
 import modelsync.adapters.cache as cache_adapter
+import modelsync.adapters.fs as fs_adapter
 import modelsync.adapters.ranged_http as ranged_http
 from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.adapters.fs import in_memory
@@ -37,8 +39,8 @@ from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.units import format_bytes, parse_size
+from modelsync.engine.ensure import PullResult
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import PullResult, pull
 from modelsync.engine.upload import upload
 from modelsync.errors import (
     AccessDeniedError,
@@ -636,7 +638,7 @@ def test_pull_refuses_a_malformed_manifest_with_the_reason(
 # ---- disk full ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seam", ["pwrite", "posix_fallocate"])
+@pytest.mark.parametrize("seam", ["pwrite", "posix_fallocate", "fdatasync"])
 def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_enospc(
     seam: str,
     tmp_path: Path,
@@ -652,6 +654,9 @@ def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_eno
 
     if seam == "pwrite":
         monkeypatch.setattr(ranged_http.os, "pwrite", no_space)
+    elif seam == "fdatasync":  # a completed file of several parts is flushed as soon as it lands
+        assert not in_memory(tmp_path), "fdatasync is skipped on tmpfs"
+        monkeypatch.setattr(fs_adapter.os, "fdatasync", no_space)
     else:
         monkeypatch.setattr(cache_adapter.os, "posix_fallocate", no_space)
     settings = make_settings()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from support.engine import pull
 from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 
@@ -23,7 +24,6 @@ from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import pull
 from modelsync.errors import PullCancelledError
 
 pytestmark = pytest.mark.timeout(90)

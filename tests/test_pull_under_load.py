@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from botocore.client import BaseClient
+from support.engine import pull
 from support.faultproxy import REDIRECT_ENDPOINT, REDIRECT_REGION, FaultProxy
 from support.objects import payload, put_model
 from support.s3env import S3Env
@@ -25,7 +26,6 @@ from support.tinyproxy import TinyProxy, tinyproxy_binary
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import pull
 
 MiB = 1024 * 1024
 PART = MiB

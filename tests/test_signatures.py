@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.cli import run_cli
+from support.engine import pull
 from support.s3env import S3Env
 from support.safetensors import header_bytes, safetensors_file
 from test_cli_errors import assert_user_error
@@ -37,7 +38,6 @@ from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME as SIG
 from modelsync.core.signature import Mode
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import pull
 from modelsync.engine.upload import SigningKey, upload
 from modelsync.errors import ExitCode, PullCancelledError
 

@@ -231,6 +231,17 @@ def write_behind(fd: int, start: int, length: int) -> None:
     os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
+def sync_data(fd: int, path: Path) -> None:
+    """fdatasync `fd`, the file at `path`: its data and size are durable; errno becomes a storage error.
+
+    A full or failing disk can refuse here what the writes before were allowed to
+    queue (ENOSPC, EDQUOT, EIO); the caller hears it as DiskFullError or
+    LocalStorageError naming the file, not as a bare OSError.
+    """
+    with storage_errors(path):
+        os.fdatasync(fd)
+
+
 def syncfs(fd: int) -> bool:
     """Flush the whole file system holding `fd` (data and metadata); False where libc lacks it.
 

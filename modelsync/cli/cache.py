@@ -251,15 +251,16 @@ def verify(
 
 
 def _repair(settings: Settings, cache: Cache, model: str, quiet: bool) -> None:
+    from modelsync.backends import s3_backends
+    from modelsync.engine.ensure import ensure_ready
     from modelsync.engine.maintain import prepare_repair
-    from modelsync.engine.pull import pull
     from modelsync.progress import StderrProgress
 
     with open_catalog(cache) as catalog:
         ref = prepare_repair(cache, catalog, model, settings.part_size_bytes)
     progress = StderrProgress(ref.model_id, quiet=quiet)
     try:
-        result = pull(settings, ref, progress)
+        result = ensure_ready(ref, settings=settings, backends=s3_backends(settings), events=progress)
     finally:
         progress.close()
     typer.echo(f"repaired {ref.model_id}: fetched {format_bytes(result.fetched_bytes)}")

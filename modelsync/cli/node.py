@@ -116,6 +116,7 @@ def plan(
 
     from modelsync.adapters.cache import Cache
     from modelsync.adapters.schedule_file import read_schedule
+    from modelsync.backends import s3_backends
     from modelsync.core.lifecycle import CacheState
     from modelsync.core.plan import NodePlan, parse_instant, plan_node
     from modelsync.core.plan_view import plan_json, render_plan
@@ -148,7 +149,7 @@ def plan(
     entries = cache_entries(Cache(settings.cache_dir))
     ready = {e.model for e in entries if e.state is CacheState.READY}
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
-    sizes = RemoteSizes({}, {}) if offline else remote_sizes(settings, missing)
+    sizes = RemoteSizes({}, {}) if offline else remote_sizes(s3_backends(settings), missing)
     for model_id, reason in sizes.unknown.items():
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
     rate = parse_rate(bandwidth or "0") or settings.max_bandwidth_bytes_per_s
@@ -292,7 +293,7 @@ def prefetch(
 ) -> None:
     """Ask the running daemon to stage models now and print their paths; without one, pull them here."""
     from modelsync import api
-    from modelsync.engine.ready import warm_path
+    from modelsync.engine.ensure import ReadyOptions
 
     refs = _resolve_models(models, schedule)
     settings = build_settings(
@@ -314,7 +315,7 @@ def prefetch(
         reply = None
     if reply is None:
         for ref in refs:
-            typer.echo(str(warm_path(settings.cache_dir, ref) or cold_pull(settings, ref, quiet)))
+            typer.echo(str(cold_pull(settings, ref, quiet, ReadyOptions(use=False))))
         return
     if not reply.get("ok"):
         raise api.error_from_reply(reply)

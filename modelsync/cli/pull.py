@@ -7,7 +7,6 @@ stack, and where the cache is read-only (a tenant pod) the node daemon stages it
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -81,31 +80,23 @@ def pull(
     if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
         if verify:
             raise UsageError("--verify needs a writable cache; run `modelsync verify` where the cache is")
-        typer.echo(str(_tenant_pull(settings.cache_dir, ref, lease_s)))
+        typer.echo(str(_tenant_pull(settings, ref, lease_s)))
         return
-    from modelsync.engine.ready import warm_path
+    from modelsync.engine.ensure import ReadyOptions
 
     usable_cache(settings)
-    path = warm_path(settings.cache_dir, ref, settings.requires_signature(ref))
-    if path is not None and verify:
-        path = _verify_warm(settings, ref)
-    if path is None:
-        path = cold_pull(settings, ref, quiet)
-    cache = Cache(settings.cache_dir)
-    cache.touch(ref)
-    if lease_s is not None:
-        cache.lease(ref, time.time() + lease_s)
-    typer.echo(str(path))
+    typer.echo(str(cold_pull(settings, ref, quiet, ReadyOptions(verify=verify, lease_s=lease_s))))
 
 
-def _tenant_pull(cache_dir: Path, ref: ModelRef, lease_s: float | None) -> Path:
+def _tenant_pull(settings: Settings, ref: ModelRef, lease_s: float | None) -> Path:
     from modelsync import api
     from modelsync.engine.ready import warm_path
 
+    cache_dir = settings.cache_dir
     if api.pull_via_daemon(cache_dir, ref, lease_s) is not None:
         # The daemon's path is in its own mount; print it as this pod sees the cache.
         return Cache(cache_dir).ready_path(ref)
-    path = warm_path(cache_dir, ref)
+    path = warm_path(cache_dir, ref, settings.requires_signature(ref))
     if path is None:
         raise LocalStorageError(
             f"the cache {cache_dir} is read-only here and no modelsync daemon answers on "
@@ -113,21 +104,6 @@ def _tenant_pull(cache_dir: Path, ref: ModelRef, lease_s: float | None) -> Path:
         )
     typer.echo(f"warning: no daemon answers; {ref.model_id} is ready but this use is not recorded", err=True)
     return path
-
-
-def _verify_warm(settings: Settings, ref: ModelRef) -> Path | None:
-    """Re-hash a ready model; a damaged one stops being ready, its good files staged for the pull."""
-    from modelsync.engine.maintain import verify_ready
-
-    def waiting(holder: str) -> None:
-        typer.echo(f"{ref.model_id}: waiting for {holder}, which holds it", err=True)
-
-    problems = verify_ready(Cache(settings.cache_dir), ref, settings.part_size_bytes, waiting)
-    if problems is None:
-        return None
-    for p in problems:
-        typer.echo(f"warning: {ref.model_id}/{p.path}: {p.reason}; fetching it again", err=True)
-    return None if problems else Cache(settings.cache_dir).ready_path(ref)
 
 
 def publish(

@@ -28,6 +28,9 @@ class PullEvents(Protocol):
     def note(self, message: str) -> None:
         """Something the user should know about how the pull runs (one line, no prefix)."""
 
+    def damaged(self, path: str, reason: str) -> None:
+        """A file of the ready model is damaged: the model leaves the ready set, the file is fetched again."""
+
 
 class ByteCounter:
     """Thread-safe running totals a renderer can poll."""
@@ -57,6 +60,9 @@ class NoEvents:
         pass
 
     def note(self, message: str) -> None:
+        pass
+
+    def damaged(self, path: str, reason: str) -> None:
         pass
 
 

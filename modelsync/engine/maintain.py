@@ -216,26 +216,23 @@ def repair_ready(
         cache.record_path(ref).unlink(missing_ok=True)
 
 
-def verify_ready(
-    cache: Cache, ref: ModelRef, part_size_bytes: int, on_wait: Callable[[str], None] | None = None
-) -> list[Problem] | None:
+def verify_ready(cache: Cache, ref: ModelRef, part_size_bytes: int) -> list[Problem] | None:
     """Re-hash a ready model (`pull --verify`): record the verification, or stage its bad files.
 
     None when the model is not ready; otherwise its problems, and a damaged model
     is left not ready with its good files staged for the pull that follows.
-    `on_wait` hears who holds the model's lock while this waits for it.
+    The caller holds the model's lock.
     """
-    with cache.locked(ref, on_wait):
-        record = cache.ready_record(ref)
-        if record is None:
-            return None
-        root = cache.ready_path(ref)
-        problems = full_check(root, record) + _strays(root, record)
-        if problems:
-            repair_ready(cache, ref, record, {p.path for p in problems}, part_size_bytes)
-        else:
-            cache.mark_verified(ref, time.time())
-        return problems
+    record = cache.ready_record(ref)
+    if record is None:
+        return None
+    root = cache.ready_path(ref)
+    problems = full_check(root, record) + _strays(root, record)
+    if problems:
+        repair_ready(cache, ref, record, {p.path for p in problems}, part_size_bytes)
+    else:
+        cache.mark_verified(ref, time.time())
+    return problems
 
 
 def _unlink_quietly(path: Path) -> None:

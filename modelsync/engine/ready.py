@@ -71,16 +71,40 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
     return problems
 
 
-def warm_path(cache_dir: Path, ref: ModelRef, signed_only: bool = False) -> Path | None:
-    """The ready path when the model is complete and its files look intact, else None.
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """The one readiness rule, applied by every way a model is made ready (and the warm path).
 
-    `signed_only` (the policy requires a signature) also refuses a model cached
-    without a verified one, so the pull checks it first.
+    A model is ready when its completion record exists, its files pass
+    `quick_check`, and, when the policy requires a signature, it was made ready
+    with a verified one.
+    """
+
+    record: CompletionRecord | None
+    #: what `quick_check` found wrong with a recorded model
+    damaged: tuple[Problem, ...] = ()
+    #: recorded without a verified signature, which the policy requires
+    unsigned: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.record is not None and not self.damaged and not self.unsigned
+
+
+def readiness(cache: Cache, ref: ModelRef, signed_only: bool) -> Readiness:
+    """Apply the readiness rule to `ref`: one record read and one lstat per file, no hashing."""
+    record = cache.ready_record(ref)
+    if record is None:
+        return Readiness(None)
+    damaged = tuple(quick_check(cache.ready_path(ref), record))
+    return Readiness(record, damaged, unsigned=signed_only and record.signer is None)
+
+
+def warm_path(cache_dir: Path, ref: ModelRef, signed_only: bool) -> Path | None:
+    """The ready path when `ref` is ready by the readiness rule, else None.
+
+    `signed_only`: the policy requires a signature (`Settings.requires_signature`),
+    so a model cached without a verified one is not ready: the pull checks it first.
     """
     cache = Cache(cache_dir)
-    record = cache.ready_record(ref)
-    if record is None or (signed_only and record.signer is None):
-        return None
-    if quick_check(cache.ready_path(ref), record):
-        return None
-    return cache.ready_path(ref)
+    return cache.ready_path(ref) if readiness(cache, ref, signed_only).ready else None

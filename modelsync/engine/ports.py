@@ -1,0 +1,70 @@
+"""What the engine needs from the object store and the data plane, as Protocols.
+
+The engine never builds its backends: the edge (or `modelsync.backends`, the
+factory it calls) opens them and passes them in. So the engine runs the same
+code against aiobotocore and the range client in production and against small
+in-memory fakes in tests, where ordering, dedup, verification failures, resume
+and cancellation are checked without a server or a sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from modelsync.core.refs import ModelRef
+
+if TYPE_CHECKING:  # importing the S3 stack would slow a warm `pull` that never fetches
+    from modelsync.adapters.ranged_http import RangeRequest
+    from modelsync.adapters.s3 import ObjectInfo
+
+
+class ObjectStore(Protocol):
+    """The control plane: small, latency-bound reads and URL signing (adapters/s3.py `S3`)."""
+
+    async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
+        """The manifest's bytes, or None when the model has none."""
+
+    async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
+        """Every object under the model's prefix; an empty prefix is NotFoundError."""
+
+    async def head(self, bucket: str, key: str) -> ObjectInfo:
+        """One object's size and ETag now (after the source changed under a pull)."""
+
+    async def first_part_bytes(self, bucket: str, key: str) -> int | None:
+        """Size of part 1 of a multipart object, the slice its ETag was computed over."""
+
+    async def presign_get(self, bucket: str, key: str, expiry_s: float) -> str:
+        """A GET URL for the data plane, valid for `expiry_s`."""
+
+    async def renew_credentials(self) -> None:
+        """Resolve credentials afresh after the store called the token expired."""
+
+
+class RangeFetcher(Protocol):
+    """The data plane: one ranged GET written at an offset of a file (adapters/ranged_http.py).
+
+    Called from transfer threads; raises `TransientFetchError` (retry from
+    `start + bytes_written`) or `PresignedUrlExpiredError` (sign again).
+    """
+
+    def fetch_into(
+        self, req: RangeRequest, fd: int, file_offset: int, on_progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Write bytes `[req.start, req.end)` at `file_offset` of `fd`; the bytes written."""
+
+    def close(self) -> None:
+        """Abort: every transfer blocked in this fetcher returns at once, and no new one starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    store: ObjectStore
+    #: one pull's fetcher; closing it aborts that pull's transfers
+    fetcher: RangeFetcher
+
+
+#: opens the backends of one pull (in the pull's event loop) and closes them after it
+OpenBackends = Callable[[], AbstractAsyncContextManager[Backends]]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from modelsync.adapters.ranged_http import RangeClient, make_ssl_context
 from modelsync.config import Settings, check_ca_bundle
 from modelsync.engine.ports import Backends, OpenBackends
 from modelsync.engine.throttle import TokenBucket
@@ -24,7 +23,9 @@ def s3_backends(settings: Settings) -> OpenBackends:
 
     @contextlib.asynccontextmanager
     async def open_backends() -> AsyncIterator[Backends]:
-        from modelsync.adapters.s3 import open_s3  # here: a warm `pull` never imports the S3 stack
+        # here, not at the top: a `pull` of a ready model imports neither the S3 SDK nor TLS
+        from modelsync.adapters.ranged_http import RangeClient, make_ssl_context
+        from modelsync.adapters.s3 import open_s3
 
         async with open_s3(settings) as s3:
             https = (settings.endpoint_url or "https://").startswith("https")

@@ -32,18 +32,17 @@ a cancelled pull stops at once even when every transfer is stalled.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from modelsync.adapters.http_conns import Conn, Connections
 from modelsync.adapters.http_head import (
     MAX_HEAD_BYTES,
     ResponseHead,
@@ -52,19 +51,15 @@ from modelsync.adapters.http_head import (
     render_request,
 )
 from modelsync.adapters.http_route import (
-    Endpoint,
     Proxy,
     environ_proxy,
     make_ssl_context,
-    parse_proxy,
     parse_url,
-    tunnel,
 )
 from modelsync.adapters.range_answer import error_for_answer
 from modelsync.errors import (
     DiskFullError,
     LocalStorageError,
-    RemoteUnavailableError,
     TransientFetchError,
     UnexpectedResponseError,
 )
@@ -102,23 +97,8 @@ class RateLimiter(Protocol):
     def consume(self, n_bytes: int) -> None: ...
 
 
-class _Conn:
-    """One socket and whether it has already served a request (may be stale)."""
-
-    __slots__ = ("reused", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.reused = False
-
-
-class _ThreadState(threading.local):
-    conns: dict[Endpoint, _Conn]
-    buf: bytearray | None
-
-    def __init__(self) -> None:
-        self.conns = {}
-        self.buf = None
+class _ThreadBuffer(threading.local):
+    buf: bytearray | None = None
 
 
 class _StaleConnection(Exception):
@@ -149,22 +129,19 @@ class RangeClient:
             raise ValueError(f"buffer_bytes must be at least {MAX_HEAD_BYTES}")
         if connect_timeout_s <= 0 or read_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
-        self._ssl = ssl_context
-        self._connect_timeout_s = connect_timeout_s
-        self._read_timeout_s = read_timeout_s
         self._buffer_bytes = buffer_bytes
         self._limiter = rate_limiter
         # MSG_WAITALL lets the kernel fill a whole buffer per call: fewer syscalls
         # and GIL hand-offs. Only for plain TCP (SSL sockets take no flags).
         self._wait_all = wait_all
-        self._proxy_for = proxy_for
-        self._proxies: dict[Endpoint, Proxy | None] = {}
-        self._local = _ThreadState()
-        self._lock = threading.Lock()
-        self._all_socks: set[socket.socket] = set()
-        self._closed = False
-
-    # -- public ---------------------------------------------------------------
+        self._conns = Connections(
+            ssl_context=ssl_context,
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+            wait_all=wait_all,
+            proxy_for=proxy_for,
+        )
+        self._local = _ThreadBuffer()
 
     def fetch_into(
         self,
@@ -180,10 +157,10 @@ class RangeClient:
         """
         if not 0 <= req.start < req.end:
             raise ValueError(f"empty or negative range [{req.start}, {req.end})")
-        if self._closed:
+        if self._conns.closed:
             raise RuntimeError("RangeClient is closed")
         endpoint, target = parse_url(req.url)
-        proxy = self._proxy(endpoint, req.url)
+        proxy = self._conns.proxy(endpoint, req.url)
         extra: dict[str, str] = {}
         if proxy is not None and endpoint.scheme == "http":
             # Through a forward proxy, plain http asks for the absolute URL (RFC 9112 3.2.2).
@@ -193,11 +170,11 @@ class RangeClient:
         headers = {**req.headers, **extra}
         request = render_request(endpoint.netloc, target, req.start, req.end - 1, req.etag, headers)
         for attempt in (1, 2):
-            conn = self._connection(endpoint)
+            conn = self._conns.get(endpoint)
             try:
                 head, filled = self._send_and_read_head(conn, request)
             except _StaleConnection:
-                self._drop(endpoint)
+                self._conns.drop(endpoint)
                 if attempt == 2:
                     raise TransientFetchError(
                         f"connection to {endpoint.netloc} closed before a response",
@@ -206,49 +183,28 @@ class RangeClient:
                     ) from None
                 continue
             except BaseException:
-                self._drop(endpoint)
+                self._conns.drop(endpoint)
                 raise
-            if head.status not in (200, 206):
-                # An error answer whose small body was read leaves the connection usable.
-                try:
-                    error = self._error_for_status(conn, head, filled, req)
-                except BaseException:
-                    self._drop(endpoint)
-                    raise
-                if head.keep_alive:
-                    conn.reused = True
-                else:
-                    self._drop(endpoint)
-                raise error
             try:
-                check_range_head(head, req.start, req.end)
-                want = req.end - req.start
-                written = self._receive_body(conn, head, filled, want, fd, file_offset, on_progress)
+                outcome: int | Exception
+                if head.status in (200, 206):
+                    check_range_head(head, req.start, req.end)
+                    want = req.end - req.start
+                    outcome = self._receive_body(conn, head, filled, want, fd, file_offset, on_progress)
+                else:  # an error answer whose small body was read leaves the connection usable
+                    outcome = self._error_for_status(conn, head, filled, req, proxy)
             except BaseException:
-                self._drop(endpoint)
+                self._conns.drop(endpoint)
                 raise
-            if head.keep_alive:
-                conn.reused = True
-            else:
-                self._drop(endpoint)
-            return written
+            self._conns.done(endpoint, head.keep_alive)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Shut down and close every connection of every thread, waking any blocked in ``recv``.
-
-        ``shutdown`` comes first: on Linux, ``close`` alone leaves a thread blocked
-        in ``recv`` waiting until its read timeout; after ``shutdown`` its ``recv``
-        returns at once. The base-class ``shutdown`` is called on TLS sockets too,
-        so no TLS state is touched while their owner thread may still use it.
-        """
-        with self._lock:
-            self._closed = True
-            socks, self._all_socks = self._all_socks, set()
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            sock.close()
+        """Shut down and close every connection of every thread, waking any blocked in ``recv``."""
+        self._conns.close()
 
     def __enter__(self) -> RangeClient:
         return self
@@ -256,112 +212,15 @@ class RangeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- connections ----------------------------------------------------------
-
     def _buffer(self) -> memoryview:
         state = self._local
         if state.buf is None:
             state.buf = bytearray(self._buffer_bytes)
         return memoryview(state.buf)
 
-    def _connection(self, endpoint: Endpoint) -> _Conn:
-        conn = self._local.conns.get(endpoint)
-        if conn is None:
-            conn = _Conn(self._connect(endpoint))
-            self._local.conns[endpoint] = conn
-        return conn
-
-    def _proxy(self, endpoint: Endpoint, url: str) -> Proxy | None:
-        """The proxy on the route to ``endpoint``, resolved once per endpoint."""
-        if endpoint not in self._proxies:  # a race only resolves the same answer twice
-            self._proxies[endpoint] = parse_proxy(self._proxy_for(url))
-        return self._proxies[endpoint]
-
-    def _connect(self, endpoint: Endpoint) -> socket.socket:
-        """A connection ready for requests: TCP, the proxy's tunnel, TLS, timeouts.
-
-        The socket is registered for ``close`` as soon as it exists, so a client
-        closed while a tunnel or a TLS handshake hangs wakes those too.
-        """
-        proxy = self._proxies.get(endpoint)
-        host, port = (proxy.host, proxy.port) if proxy else (endpoint.host, endpoint.port)
-        via = f" via proxy {proxy.netloc}" if proxy else ""
-        try:
-            sock = socket.create_connection((host, port), timeout=self._connect_timeout_s)
-        except OSError as exc:
-            raise TransientFetchError(
-                f"cannot connect to {endpoint.netloc}{via}: {exc}", bytes_written=0, reason="connect"
-            ) from exc
-        try:
-            self._track(sock)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if proxy is not None and endpoint.scheme == "https":
-                tunnel(sock, endpoint, proxy)
-            if endpoint.scheme == "https":
-                sock = self._tls(sock, endpoint)
-                sock.settimeout(self._read_timeout_s)
-            elif self._wait_all:
-                # Blocking socket with kernel-side timeouts: recv(MSG_WAITALL) then waits
-                # in one syscall, and a stall surfaces as EAGAIN after read_timeout_s.
-                sock.settimeout(None)
-                tv = _timeval(self._read_timeout_s)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-            else:
-                sock.settimeout(self._read_timeout_s)
-        except BaseException:
-            with self._lock:
-                self._all_socks.discard(sock)
-            sock.close()
-            raise
-        return sock
-
-    def _tls(self, raw: socket.socket, endpoint: Endpoint) -> ssl.SSLSocket:
-        """Wrap ``raw`` in TLS; the wrapped socket is registered before its handshake starts.
-
-        Wrapping takes over ``raw``'s descriptor, so from then on only the wrapped
-        socket can be shut down or closed, including when the handshake fails.
-        """
-        ctx = self._ssl or ssl.create_default_context()
-        sock = ctx.wrap_socket(raw, server_hostname=endpoint.host, do_handshake_on_connect=False)
-        try:
-            self._track(sock, replaces=raw)
-            sock.do_handshake()
-        except BaseException as exc:
-            with self._lock:
-                self._all_socks.discard(sock)
-            sock.close()
-            if isinstance(exc, ssl.SSLCertVerificationError):
-                raise RemoteUnavailableError(
-                    f"TLS certificate of {endpoint.netloc} not trusted ({exc.verify_message}); "
-                    "pass the CA bundle (AWS_CA_BUNDLE) or use --insecure"
-                ) from exc
-            if isinstance(exc, OSError):  # ssl.SSLError is one
-                raise TransientFetchError(
-                    f"TLS handshake with {endpoint.netloc} failed: {exc}", bytes_written=0, reason="connect"
-                ) from exc
-            raise
-        return sock
-
-    def _track(self, sock: socket.socket, replaces: socket.socket | None = None) -> None:
-        """Register ``sock`` for ``close`` (in place of ``replaces``); refused once closed."""
-        with self._lock:
-            if replaces is not None:
-                self._all_socks.discard(replaces)
-            if self._closed:
-                raise RuntimeError("RangeClient is closed")
-            self._all_socks.add(sock)
-
-    def _drop(self, endpoint: Endpoint) -> None:
-        conn = self._local.conns.pop(endpoint, None)
-        if conn is not None:
-            with self._lock:
-                self._all_socks.discard(conn.sock)
-            conn.sock.close()
-
     # -- one exchange ---------------------------------------------------------
 
-    def _send_and_read_head(self, conn: _Conn, request: bytes) -> tuple[ResponseHead, int]:
+    def _send_and_read_head(self, conn: Conn, request: bytes) -> tuple[ResponseHead, int]:
         """Send the request and receive its final response head; also how full the buffer is.
 
         Body bytes that came with the head stay in the thread buffer from ``body_start`` on.
@@ -402,7 +261,7 @@ class RangeClient:
 
     def _receive_body(
         self,
-        conn: _Conn,
+        conn: Conn,
         head: ResponseHead,
         filled: int,
         want: int,
@@ -456,9 +315,10 @@ class RangeClient:
             on_progress(n)
         return n
 
-    def _error_for_status(self, conn: _Conn, head: ResponseHead, filled: int, req: RangeRequest) -> Exception:
+    def _error_for_status(
+        self, conn: Conn, head: ResponseHead, filled: int, req: RangeRequest, proxy: Proxy | None
+    ) -> Exception:
         body = self._read_error_body(conn, head, filled)
-        proxy = self._proxies.get(parse_url(req.url)[0])
         return error_for_answer(
             head.status,
             head.headers,
@@ -469,7 +329,7 @@ class RangeClient:
             now=time.time(),
         )
 
-    def _read_error_body(self, conn: _Conn, head: ResponseHead, filled: int) -> bytes:
+    def _read_error_body(self, conn: Conn, head: ResponseHead, filled: int) -> bytes:
         """Read a small error body, which keeps the connection; a large or unframed one drops it."""
         length_text = head.headers.get("content-length")
         if length_text is None or int(length_text) > MAX_ERROR_BODY_BYTES:
@@ -519,8 +379,3 @@ def _transient(exc: OSError, written: int) -> TransientFetchError:
     else:
         reason = "io"
     return TransientFetchError(f"{reason}: {exc}", bytes_written=written, reason=reason)
-
-
-def _timeval(seconds: float) -> bytes:
-    whole = int(seconds)
-    return struct.pack("ll", whole, int((seconds - whole) * 1_000_000))

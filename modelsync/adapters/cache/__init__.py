@@ -37,6 +37,10 @@ class Cache(ReadyModels):
     def staging(self, ref: ModelRef) -> Staging:
         return Staging(self, ref)
 
+    def space_lock(self) -> ModelLock:
+        """The cache-wide lock under which pulls claim space and evict for it."""
+        return ModelLock(self.locks_dir / "space.lock")
+
     def lock(self, ref: ModelRef) -> ModelLock:
         return ModelLock(self.locks_dir / f"{ref.slug}.lock")
 

@@ -47,6 +47,41 @@ class ReadyModels(Markers):
             return None
         return record if stat.S_ISDIR(st.st_mode) else None
 
+    def stored_records(self, *, quarantined: bool) -> list[tuple[str, CompletionRecord]]:
+        """Every readable record of ready (or quarantined) models, by the slug in its file name.
+
+        A record that cannot be read or parsed is skipped: it belongs to no model
+        that can be served. A records directory that cannot be listed is a
+        LocalStorageError.
+        """
+        directory = self.quarantine_dir if quarantined else self.records_dir
+        found = []
+        with fs.storage_errors(directory):
+            try:
+                names = sorted(os.listdir(directory))
+            except FileNotFoundError:
+                names = []
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = directory / name
+            try:
+                found.append((name.removesuffix(".json"), parse_record(path.read_bytes(), str(path))))
+            except (OSError, ManifestError):
+                continue
+        return found
+
+    def data_dir(self, ref: ModelRef, *, quarantined: bool) -> Path:
+        """Where a ready (or quarantined) model's files are."""
+        return self.quarantine_dir / ref.slug if quarantined else self.ready_path(ref)
+
+    def has_data_dir(self, ref: ModelRef, *, quarantined: bool) -> bool:
+        """Whether the model's data directory is there, and a real directory (not a symlink)."""
+        try:
+            return stat.S_ISDIR(os.lstat(self.data_dir(ref, quarantined=quarantined)).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
     def make_ready(self, ref: ModelRef, staging: Staging, record: CompletionRecord) -> Path:
         """Make the staged model ready in one rename, after its record is durable.
 
@@ -68,7 +103,7 @@ class ReadyModels(Markers):
                         raise FileNotFoundError(f"{ready.parent} kept disappearing") from None
             with contextlib.suppress(FileNotFoundError):
                 staging.journal.path.unlink()
-            self._drop_quarantine(ref)
+            self.drop_quarantine(ref)
         return ready
 
     def _rename_into_place(self, ref: ModelRef, staging: Staging) -> None:
@@ -117,11 +152,65 @@ class ReadyModels(Markers):
         finally:
             os.close(root)
 
-    def _drop_quarantine(self, ref: ModelRef) -> None:
-        """A quarantined copy is stale once the model is ready again: record first, then data."""
+    def drop_quarantine(self, ref: ModelRef) -> None:
+        """Delete a quarantined copy (stale once the model is ready again, or evicted): record, then data."""
         with contextlib.suppress(FileNotFoundError):
-            (self.quarantine_dir / f"{ref.slug}.json").unlink()
+            self.quarantined_record_path(ref).unlink()
         fs.remove_tree(self.quarantine_dir / ref.slug)
+
+    def quarantined_record_path(self, ref: ModelRef) -> Path:
+        return self.quarantine_dir / f"{ref.slug}.json"
+
+    def quarantined_record(self, ref: ModelRef) -> CompletionRecord | None:
+        """The record a quarantined model was made ready with; None when it is not quarantined."""
+        path = self.quarantined_record_path(ref)
+        with fs.storage_errors(path):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                return None
+        return parse_record(data, str(path))
+
+    def quarantine(self, ref: ModelRef, record: CompletionRecord) -> None:
+        """Take a damaged model out of the ready set in one rename by directory fds, keeping data and record.
+
+        The quarantined record is written first and the ready one removed last, so a
+        crash in between leaves the model quarantined or still listed, never served
+        from a half-moved directory. The caller holds the model's lock.
+        """
+        target = self.quarantine_dir / ref.slug
+        fs.remove_tree(target)
+        with fs.storage_errors(self.ready_path(ref)):
+            parent = self._open_parent(ref, create=False)
+        with fs.storage_errors(target):
+            try:
+                fs.write_atomic(self.quarantined_record_path(ref), render_record(record))
+                _rename_between(parent, ref.cache_path.name, self.quarantine_dir, ref.slug)
+            finally:
+                os.close(parent)
+            self.record_path(ref).unlink(missing_ok=True)
+        self.prune_parents(ref)
+
+    def restage(self, ref: ModelRef, *, quarantined: bool) -> Staging:
+        """Move a model's data (ready, or quarantined) to its staging area in one rename by directory fds.
+
+        Whatever the staging area held goes first. The ready path, if that is where
+        the data was, disappears in the same rename. The caller holds the model's lock.
+        """
+        staging = Staging(self, ref)
+        fs.remove_tree(staging.dir)
+        with fs.storage_errors(staging.dir):
+            if quarantined:
+                source = fs.open_dir(self.quarantine_dir)
+                name = ref.slug
+            else:
+                source = self._open_parent(ref, create=False)
+                name = ref.cache_path.name
+            try:
+                _rename_between(source, name, self.staging_dir, ref.slug)
+            finally:
+                os.close(source)
+        return staging
 
     def remove_ready(self, ref: ModelRef) -> None:
         """Make a model not ready: the ready path disappears in one rename, then the data goes."""
@@ -161,6 +250,15 @@ _MAKE_READY_ATTEMPTS = 5
 
 class _ParentRemovedError(Exception):
     """The ready path's parent was removed while a model was being made ready in it."""
+
+
+def _rename_between(source_fd: int, name: str, target_dir: Path, target_name: str) -> None:
+    """Rename `name` in the directory `source_fd` to `target_name` in `target_dir`, never following a link."""
+    target_fd = fs.open_dir(target_dir)
+    try:
+        os.rename(name, target_name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
+    finally:
+        os.close(target_fd)
 
 
 def _exists(dir_fd: int, name: str) -> bool:

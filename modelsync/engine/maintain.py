@@ -145,8 +145,7 @@ def prepare_repair(cache: Cache, catalog: Catalog, model: str, part_size_bytes: 
             raise NotFoundError(f"{ref.model_id!r} was repaired or evicted meanwhile")
         bad = {p.path for p in full_check(cache.quarantine_dir / ref.slug, record)}
         stage_good_files(cache, ref, record, bad, part_size_bytes, quarantined=True)
-        with fs.storage_errors(cache.quarantined_record_path(ref)):
-            cache.quarantined_record_path(ref).unlink()
+        cache.drop_record(ref, quarantined=True)
         catalog.index.remove([ref.model_id])
     return ref
 
@@ -192,8 +191,7 @@ def repair_ready(
     is never served while it is repaired. The caller holds the model's lock.
     """
     stage_good_files(cache, ref, record, bad, part_size_bytes, quarantined=False)
-    with fs.storage_errors(cache.record_path(ref)):
-        cache.record_path(ref).unlink(missing_ok=True)
+    cache.drop_record(ref, quarantined=False)
 
 
 def verify_ready(

@@ -171,6 +171,12 @@ class ReadyModels(Markers):
                 return None
         return parse_record(data, str(path))
 
+    def drop_record(self, ref: ModelRef, *, quarantined: bool) -> None:
+        """Remove a model's (ready or quarantined) record; its data is elsewhere by then."""
+        path = self.quarantined_record_path(ref) if quarantined else self.record_path(ref)
+        with fs.storage_errors(path):
+            path.unlink(missing_ok=True)
+
     def quarantine(self, ref: ModelRef, record: CompletionRecord) -> None:
         """Take a damaged model out of the ready set in one rename by directory fds, keeping data and record.
 

@@ -276,53 +276,6 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def is_dir(path: Path) -> bool:
-    """Whether `path` is a directory (a symlink to one counts: the user named it)."""
-    return path.is_dir()
-
-
-def tree_files(directory: Path) -> tuple[list[tuple[str, int]], list[str]]:
-    """The regular files below `directory` as (relative path, size), and the symlinks met there.
-
-    Symlinks are listed, never followed; other kinds of entry (sockets, devices) are left out.
-    """
-    files, links = [], []
-    with storage_errors(directory):
-        for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
-            for name in dirnames + filenames:
-                path = Path(dirpath, name)
-                st = os.lstat(path)
-                relative = path.relative_to(directory).as_posix()
-                if stat.S_ISLNK(st.st_mode):
-                    links.append(relative)
-                elif stat.S_ISREG(st.st_mode):
-                    files.append((relative, st.st_size))
-    return sorted(files), sorted(links)
-
-
-class ReadOnlyFile:
-    """A local file opened for reading at offsets; its size is taken once, when it is opened."""
-
-    def __init__(self, path: Path) -> None:
-        with storage_errors(path):
-            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            self.size_bytes = os.fstat(self.fd).st_size
-        self.path = path
-
-    def read(self, start: int, length: int) -> bytes:
-        with storage_errors(self.path):
-            return os.pread(self.fd, length, start)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def __enter__(self) -> ReadOnlyFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def unlisted_entries(root: Path, listed: set[str]) -> list[tuple[str, bool]]:
     """Entries below `root` that are symlinks, or files not in `listed`: (relative path, is a symlink).
 

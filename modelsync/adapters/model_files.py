@@ -1,8 +1,9 @@
-"""A model's files where they lie: what each path holds (one lstat), and their digests.
+"""A model's files where they lie: what each path holds (one lstat), their digests, and reads.
 
-Reads never go through a symlink: files are opened below the model's directory
-by directory fds with O_NOFOLLOW. The checks that judge what is found (missing,
-wrong size, wrong digest) are the engine's; this module only looks.
+For a cached model and for a local directory being uploaded. Reads never go
+through a symlink: files are opened with O_NOFOLLOW, a cached model's below its
+directory by directory fds. The checks that judge what is found (missing, wrong
+size, wrong digest, a symlink in an upload) are the engine's; this module only looks.
 """
 
 from __future__ import annotations
@@ -76,3 +77,50 @@ def hash_files(
             yield relative, digest
     finally:
         os.close(root_fd)
+
+
+def is_dir(path: Path) -> bool:
+    """Whether `path` is a directory (a symlink to one counts: the user named it)."""
+    return path.is_dir()
+
+
+def tree_files(directory: Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """The regular files below `directory` as (relative path, size), and the symlinks met there.
+
+    Symlinks are listed, never followed; other kinds of entry (sockets, devices) are left out.
+    """
+    files, links = [], []
+    with fs.storage_errors(directory):
+        for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+            for name in dirnames + filenames:
+                path = Path(dirpath, name)
+                st = os.lstat(path)
+                relative = path.relative_to(directory).as_posix()
+                if stat.S_ISLNK(st.st_mode):
+                    links.append(relative)
+                elif stat.S_ISREG(st.st_mode):
+                    files.append((relative, st.st_size))
+    return sorted(files), sorted(links)
+
+
+class ReadOnlyFile:
+    """A local file opened for reading at offsets; its size is taken once, when it is opened."""
+
+    def __init__(self, path: Path) -> None:
+        with fs.storage_errors(path):
+            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self.size_bytes = os.fstat(self.fd).st_size
+        self.path = path
+
+    def read(self, start: int, length: int) -> bytes:
+        with fs.storage_errors(self.path):
+            return os.pread(self.fd, length, start)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> ReadOnlyFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelsync.adapters import fs
+from modelsync.adapters import model_files
 from modelsync.adapters.digest import hash_fd, xxh3_of
 from modelsync.adapters.s3 import S3, open_s3
 from modelsync.config import Settings
@@ -61,9 +61,9 @@ class SigningKey:
 def local_files(directory: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, int]]:
     """Every regular file below `directory` as (relative key, size), but the manifest and `skip`;
     symlinks are refused."""
-    if not fs.is_dir(directory):
+    if not model_files.is_dir(directory):
         raise UsageError(f"{directory} is not a directory")
-    files, links = fs.tree_files(directory)
+    files, links = model_files.tree_files(directory)
     if links:
         raise UsageError(f"{directory / links[0]} is a symlink; publish real files only")
     found = []
@@ -150,7 +150,7 @@ async def _upload_file(
 ) -> tuple[FileEntry, str | None]:
     """Upload one file; its manifest entry and, when asked, its SHA-256 from the same hashing pass."""
     key = ref.prefix + rel
-    with fs.ReadOnlyFile(path) as file:
+    with model_files.ReadOnlyFile(path) as file:
         size = file.size_bytes
         digest = await asyncio.to_thread(hash_fd, file.fd, size, None, sha256)
         parts = plan_parts(size, max(settings.part_size_bytes, MIN_UPLOAD_PART_BYTES))
@@ -169,7 +169,7 @@ async def _multipart(
     window: asyncio.Semaphore,
     bucket: str,
     key: str,
-    file: fs.ReadOnlyFile,
+    file: model_files.ReadOnlyFile,
     parts: tuple[Part, ...],
     events: PullEvents,
 ) -> str:

@@ -44,31 +44,17 @@ class Markers(Layout):
 
     def touch(self, ref: ModelRef, at: float | None = None) -> None:
         """Record a use; best effort, since a read-only consumer must still get its path."""
-        marker = self.used_dir / ref.slug
-        with contextlib.suppress(OSError):
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
-            os.close(fd)
-            os.utime(marker, None if at is None else (at, at))
+        _stamp(self.used_dir / ref.slug, at)
 
     def last_used(self, ref: ModelRef) -> float | None:
-        try:
-            return os.stat(self.used_dir / ref.slug).st_mtime
-        except FileNotFoundError:
-            return None
+        return _stamped_at(self.used_dir / ref.slug)
 
     def mark_verified(self, ref: ModelRef, at: float) -> None:
         """Record a clean verification; best effort, like `touch`."""
-        marker = self.verified_dir / ref.slug
-        with contextlib.suppress(OSError):
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
-            os.close(fd)
-            os.utime(marker, (at, at))
+        _stamp(self.verified_dir / ref.slug, at)
 
     def verified_at(self, ref: ModelRef) -> float | None:
-        try:
-            return os.stat(self.verified_dir / ref.slug).st_mtime
-        except FileNotFoundError:
-            return None
+        return _stamped_at(self.verified_dir / ref.slug)
 
     def lease(self, ref: ModelRef, until: float) -> None:
         marker = self.leases_dir / ref.slug
@@ -134,3 +120,18 @@ def _listdir(directory: Path) -> list[Path]:
         return sorted(directory.iterdir())
     except FileNotFoundError:
         return []
+
+
+def _stamp(marker: Path, at: float | None) -> None:
+    """Set the marker's mtime to `at` (now when None), creating it; best effort."""
+    with contextlib.suppress(OSError):
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, fs.FILE_MODE)
+        os.close(fd)
+        os.utime(marker, None if at is None else (at, at))
+
+
+def _stamped_at(marker: Path) -> float | None:
+    try:
+        return os.stat(marker).st_mtime
+    except FileNotFoundError:
+        return None

@@ -12,7 +12,6 @@ import enum
 import errno
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -51,32 +50,47 @@ def entry(root: Path, relative: str) -> Entry:
     return Entry(Kind.FILE, st.st_size)
 
 
-def hash_files(
-    root: Path, files: list[tuple[str, int]], *, sha256: bool = False
-) -> Iterator[tuple[str, FileDigest | None]]:
-    """Each (relative path, size) file's digests, read front to back through directory fds.
+class ModelDir:
+    """A model's directory held open: its files are read beneath it, never through a symlink."""
 
-    None for a file that has gone or can be reached only through a symlink: it is
-    not the model's file, whatever it holds.
-    """
-    with fs.storage_errors(root):
-        root_fd = fs.open_dir(root)
-    try:
-        for relative, size_bytes in files:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        with fs.storage_errors(root):
+            self._fd = fs.open_dir(root)
+
+    def read(self, relative: str, offset: int, n_bytes: int) -> bytes:
+        """Up to `n_bytes` of the file at `offset` (fewer at its end)."""
+        with fs.storage_errors(self.root / relative):
+            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY)
             try:
-                fd = fs.open_file_beneath(root_fd, PurePosixPath(relative), os.O_RDONLY)
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    yield relative, None
-                    continue
-                raise fs.storage_error(exc, root / relative) from None
-            try:
-                digest = hash_fd(fd, size_bytes, sha256=sha256)
+                return os.pread(fd, n_bytes, offset)
             finally:
                 os.close(fd)
-            yield relative, digest
-    finally:
-        os.close(root_fd)
+
+    def digest(self, relative: str, size_bytes: int, *, sha256: bool = False) -> FileDigest | None:
+        """The file's digests, read front to back; None when it has gone or is behind a symlink.
+
+        Such a file is not the model's file, whatever it holds.
+        """
+        try:
+            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise fs.storage_error(exc, self.root / relative) from None
+        try:
+            return hash_fd(fd, size_bytes, sha256=sha256)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> ModelDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def is_dir(path: Path) -> bool:

@@ -46,16 +46,18 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
     """
     problems = quick_check(root, record)
     bad = {p.path for p in problems}
-    recorded = {f.path: f.xxh3_128 for f in record.files}
-    to_hash = [(f.path, f.size_bytes) for f in record.files if f.path not in bad]
-    for path, digest in model_files.hash_files(root, to_hash, sha256=sha256s is not None):
-        if digest is None:
-            problems.append(Problem(path, "reachable only through a symlink"))
-            continue
-        if sha256s is not None and digest.sha256 is not None:
-            sha256s[path] = digest.sha256
-        if digest.xxh3_128 != recorded[path]:
-            problems.append(Problem(path, f"xxh3-128 {digest.xxh3_128}, recorded {recorded[path]}"))
+    with model_files.ModelDir(root) as model:
+        for f in record.files:
+            if f.path in bad:
+                continue
+            digest = model.digest(f.path, f.size_bytes, sha256=sha256s is not None)
+            if digest is None:
+                problems.append(Problem(f.path, "reachable only through a symlink"))
+                continue
+            if sha256s is not None and digest.sha256 is not None:
+                sha256s[f.path] = digest.sha256
+            if digest.xxh3_128 != f.xxh3_128:
+                problems.append(Problem(f.path, f"xxh3-128 {digest.xxh3_128}, recorded {f.xxh3_128}"))
     return problems
 
 

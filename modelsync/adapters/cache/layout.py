@@ -64,6 +64,10 @@ class Layout:
             if not layout.exists():
                 fs.write_atomic(layout, LAYOUT_VERSION.encode() + b"\n")
 
+    def exists(self) -> bool:
+        """Whether a cache was ever made here (its state directory is there)."""
+        return self.state_dir.is_dir()
+
     def ready_path(self, ref: ModelRef) -> Path:
         return self.root / ref.cache_path
 

@@ -31,8 +31,10 @@ MAX_HEAD_BYTES = 64 * 1024
 
 _END = b"\r\n\r\n"
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [\t -~\x80-\xff]*)?")
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+#: the bytes of a field name (RFC 9110 token)
+_TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+#: a control byte in a line (HTAB is allowed; CR and LF are only in the line ends)
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 #: fields that frame the body or place it in the file: one copy, or the answer is refused
 _SINGLETONS = frozenset({"content-length", "content-range"})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -107,6 +109,9 @@ def parse_head(raw: bytes) -> tuple[int, dict[str, str], bool]:
     match = _STATUS_LINE.fullmatch(status_line)
     if match is None:
         raise UnexpectedResponseError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+    if _CONTROL.search(raw.replace(b"\r\n", b"\t")):  # one pass over the head, not one per line
+        line = next(line for line in lines if _CONTROL.search(line))
+        raise UnexpectedResponseError(f"control character in header line {line[:80]!r}")
     headers: dict[str, str] = {}
     for line in lines:
         name, value = _field(line)
@@ -127,15 +132,18 @@ def parse_head(raw: bytes) -> tuple[int, dict[str, str], bool]:
 
 
 def _field(line: bytes) -> tuple[str, str]:
+    """One field line as (lower-case name, value without its surrounding whitespace)."""
     if line[:1] in (b" ", b"\t"):
         raise UnexpectedResponseError(f"obsolete line folding in the response head: {line[:80]!r}")
     name, sep, value = line.partition(b":")
-    if not sep or _TOKEN.fullmatch(name) is None:
+    if not sep or not _is_token(name):
         raise UnexpectedResponseError(f"malformed header line {line[:80]!r}")
-    value = value.strip(b" \t")
-    if _BAD_VALUE_BYTES.search(value):
-        raise UnexpectedResponseError(f"control character in header {name[:80]!r}")
-    return name.lower().decode("ascii"), value.decode("latin-1")
+    return name.lower().decode("ascii"), value.strip(b" \t").decode("latin-1")
+
+
+def _is_token(name: bytes) -> bool:
+    # isalnum is ASCII-only on bytes: the common names pass there, the rest by the full set
+    return name.replace(b"-", b"").isalnum() or (bool(name) and not name.translate(None, _TOKEN_BYTES))
 
 
 def check_range_head(head: ResponseHead, start: int, end: int) -> None:

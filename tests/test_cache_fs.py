@@ -16,6 +16,7 @@ from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import FileEntry
 from modelsync.core.record import CompletionRecord, parse_record
 from modelsync.core.refs import ModelRef, parse_model_name
+from modelsync.engine.ready import Problem, full_check
 from modelsync.errors import LocalStorageError
 
 REF = parse_model_name("s3://models/org/llm/")
@@ -122,3 +123,14 @@ def test_a_record_written_by_make_ready_parses_back(tmp_path: Path) -> None:
     assert parse_record(cache.record_path(REF).read_bytes(), "r") == _record()
     assert cache.has_data_dir(REF, quarantined=False)
     assert not cache.has_data_dir(REF, quarantined=True)
+
+
+def test_a_full_check_reports_a_file_behind_a_symlinked_directory_instead_of_failing(tmp_path: Path) -> None:
+    """lstat through the link sees a regular file of the right size; the read beneath the model refuses it."""
+    root, outside = tmp_path / "model", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "w.bin").write_bytes(DATA)
+    os.symlink(outside, root / "d")
+    record = CompletionRecord(REF.uri, 1.0, "size", (FileEntry("d/w.bin", len(DATA), "0" * 32, None),))
+    assert full_check(root, record) == [Problem("d/w.bin", "reachable only through a symlink")]

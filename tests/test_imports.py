@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import modelsync
 
 PACKAGE = Path(modelsync.__file__).parent
@@ -26,3 +28,80 @@ def test_no_module_imports_a_private_name_of_another() -> None:
                     if alias.name.startswith("_")
                 ]
     assert offenders == []
+
+
+#: what each layer may import of modelsync; the rest of the package is the edge (CLI, daemon,
+#: API, metrics, progress, the warm path), which may import anything
+ALLOWED_LAYERS = {
+    "errors": set(),
+    "core": {"core", "errors"},
+    "config": {"core", "errors"},
+    "adapters": {"core", "errors", "config", "adapters"},
+    "engine": {"core", "errors", "config", "adapters", "engine"},
+}
+#: imports that break the direction and that a change under way removes; each must still exist
+KNOWN_BREACHES = {
+    # the engine reports through an observer Protocol that the metrics implement (issue 13, item 4)
+    ("modelsync/engine/reconcile.py", "modelsync.metrics"),
+}
+
+
+#: top-level modules that belong to a layer named otherwise
+LAYER_OF = {"config_values": "config"}
+
+
+def _layer(module: str) -> str:
+    """`modelsync.adapters.cache.ready` -> `adapters`; any module outside the layers is `edge`."""
+    top = module.split(".")[1] if module.count(".") else ""
+    top = LAYER_OF.get(top, top)
+    return top if top in ALLOWED_LAYERS else "edge"
+
+
+def _imported(path: Path) -> set[str]:
+    """Every modelsync module `path` imports, lazily or not, TYPE_CHECKING included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("modelsync.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            if node.module == "modelsync":
+                found |= {f"modelsync.{alias.name}" for alias in node.names}
+            elif node.module.startswith("modelsync."):
+                found.add(node.module)
+    return found
+
+
+def test_imports_point_inward_core_adapters_engine_edge() -> None:
+    """core <- adapters <- engine <- cli / daemon: no arrow goes back (docs/ARCHITECTURE.md)."""
+    breaches = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        layer = _layer(name)
+        if layer == "edge":
+            continue
+        breaches |= {
+            (path.relative_to(PACKAGE.parent).as_posix(), module)
+            for module in _imported(path)
+            if _layer(module) not in ALLOWED_LAYERS[layer] | {layer}
+        }
+    assert breaches - KNOWN_BREACHES == set()
+    assert KNOWN_BREACHES - breaches == set(), "a known breach is gone: remove it from KNOWN_BREACHES"
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [
+        ("modelsync.core.refs", "core"),
+        ("modelsync.errors", "errors"),
+        ("modelsync.config_values", "config"),
+        ("modelsync.adapters.cache.ready", "adapters"),
+        ("modelsync.engine.pull", "engine"),
+        ("modelsync.cli", "edge"),
+        ("modelsync.cli.app", "edge"),
+        ("modelsync.metrics", "edge"),
+        ("modelsync.__init__", "edge"),
+        ("modelsync", "edge"),
+    ],
+)
+def test_each_module_belongs_to_its_layer(module: str, layer: str) -> None:
+    assert _layer(module) == layer

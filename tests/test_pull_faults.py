@@ -30,7 +30,7 @@ from support.objects import payload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
-import modelsync.adapters.cache as cache_adapter
+import modelsync.adapters.cache.staging as staging_adapter
 import modelsync.adapters.fs as fs_adapter
 import modelsync.adapters.ranged_http as ranged_http
 from modelsync.adapters.cache import STATE_DIR, Cache
@@ -658,7 +658,7 @@ def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_eno
         assert not in_memory(tmp_path), "fdatasync is skipped on tmpfs"
         monkeypatch.setattr(fs_adapter.os, "fdatasync", no_space)
     else:
-        monkeypatch.setattr(cache_adapter.os, "posix_fallocate", no_space)
+        monkeypatch.setattr(staging_adapter.os, "posix_fallocate", no_space)
     settings = make_settings()
 
     with pytest.raises(DiskFullError) as info:

@@ -314,6 +314,39 @@ def test_wrong_content_range_is_refused_before_any_write(target: int) -> None:
     assert _read(target, 0, 4096) == bytes(4096)
 
 
+def test_interim_1xx_answers_are_skipped_and_the_range_lands_whole(target: int) -> None:
+    """100 and 103 before the 206, sent in pieces: the body after them is the range, on one connection."""
+
+    def interim_first(conn: socket.socket, head: bytes) -> bool:
+        start, end = _asked(head)
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early")
+        time.sleep(0.05)  # the final head arrives in a later recv than the interim ones
+        rest = b" Hints\r\nLink: </x>; rel=preload\r\n\r\n" + _partial_head(start, end)
+        conn.sendall(rest + DATA[start:end])
+        return True
+
+    with ScriptedServer([interim_first, serve_range]) as server, _client() as client:
+        assert client.fetch_into(RangeRequest(server.url(), 0, 200_000, None), target, 0) == 200_000
+        client.fetch_into(RangeRequest(server.url(), 200_000, 300_000, None), target, 200_000)
+        assert server.connections == 1
+    assert _read(target, 0, 300_000) == DATA[:300_000]
+
+
+@pytest.mark.parametrize("second", ["4096", "5000"])
+def test_a_repeated_content_length_is_refused_before_any_write(target: int, second: str) -> None:
+    def twice(conn: socket.socket, head: bytes) -> bool:
+        conn.sendall(_partial_head(0, 4096, f"Content-Length: {second}\r\n") + DATA[:4096])
+        return True
+
+    with (
+        ScriptedServer([twice]) as server,
+        _client() as client,
+        pytest.raises(UnexpectedResponseError, match="content-length sent twice"),
+    ):
+        client.fetch_into(RangeRequest(server.url(), 0, 4096, None), target, 0)
+    assert _read(target, 0, 4096) == bytes(4096)
+
+
 def test_slow_down_is_transient_with_its_code_and_keeps_the_connection(target: int) -> None:
     slow = answer("503 Slow Down", "Retry-After: 2\r\n", s3_error("SlowDown", "Reduce"))
     with (

@@ -13,6 +13,7 @@ import errno
 import functools
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -298,6 +299,66 @@ def remove_tree(path: Path) -> None:
     # shutil.rmtree works through directory fds on Linux (rmtree.avoids_symlink_attacks).
     assert shutil.rmtree.avoids_symlink_attacks
     shutil.rmtree(path)
+
+
+def unlisted_entries(root: Path, listed: set[str]) -> list[tuple[str, bool]]:
+    """Entries below `root` that are symlinks, or files not in `listed`: (relative path, is a symlink).
+
+    Symlinks are reported, never followed; an entry that vanishes meanwhile is not one.
+    """
+    found = []
+    with storage_errors(root):
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            for name in dirnames + filenames:
+                path = Path(dirpath, name)
+                try:
+                    mode = os.lstat(path).st_mode
+                except FileNotFoundError:
+                    continue
+                relative = path.relative_to(root).as_posix()
+                if stat.S_ISLNK(mode):
+                    found.append((relative, True))
+                elif not stat.S_ISDIR(mode) and relative not in listed:
+                    found.append((relative, False))
+    return found
+
+
+def file_inodes(root: Path, relatives: list[str]) -> dict[str, tuple[int, int]]:
+    """(device, inode) of each regular file among `relatives` below `root`; others are left out."""
+    inodes = {}
+    for relative in relatives:
+        with contextlib.suppress(OSError):
+            st = os.lstat(root / relative)
+            if stat.S_ISREG(st.st_mode):
+                inodes[relative] = (st.st_dev, st.st_ino)
+    return inodes
+
+
+def remove_beneath(root: Path, relative: str) -> None:
+    """Remove whatever is at `relative` below `root` (a file, a link, a tree), through directory fds.
+
+    No symlink on the way is followed: a planted link is removed itself, never
+    what it points to. Nothing there is not an error.
+    """
+    path = PurePosixPath(relative)
+    with storage_errors(root / relative):
+        root_fd = open_dir(root)
+        try:
+            try:
+                parent = open_dir_beneath(root_fd, path.parent, create=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+        finally:
+            os.close(root_fd)
+        try:
+            try:
+                os.unlink(path.name, dir_fd=parent)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:
+                shutil.rmtree(path.name, dir_fd=parent)
+        finally:
+            os.close(parent)
 
 
 def make_dirs(path: Path, up_to: Path | None = None) -> None:

@@ -6,11 +6,8 @@ connection errors itself (standard mode). Only when its attempts end on
 throttling do the reads a pull needs (manifest, listing, heads) keep waiting,
 with the same floor-of-seconds schedule and budget as the data plane
 (`RetryPolicy`): a store that throttles a whole pool for minutes is busy, not
-down.
-Every botocore/aiohttp exception is translated into modelsync.errors at this
-boundary, by its S3 error code and status through the same classification as
-the data plane (modelsync.core.retry.classify), never by message text; and no
-message ever includes a credential.
+down. Every SDK failure is translated into modelsync.errors at this boundary,
+by `adapters/s3_errors.py`.
 """
 
 from __future__ import annotations
@@ -19,28 +16,20 @@ import asyncio
 import contextlib
 import datetime as dt
 import random
-import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import (
-    BotoCoreError,
     ClientError,
-    NoCredentialsError,
-    PartialCredentialsError,
     ProfileNotFound,
-    SSLError,
-)
-from botocore.exceptions import (
-    ConnectionError as BotoConnectionError,
 )
 
+from modelsync.adapters.s3_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
 from modelsync.config import Settings, sdk_verify
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
@@ -51,21 +40,7 @@ from modelsync.errors import (
     ConfigError,
     ModelsyncError,
     NotFoundError,
-    ObjectChangedError,
-    RemoteUnavailableError,
-    UsageError,
-    WrongEndpointError,
 )
-
-#: attempts botocore makes for one control-plane call (first try included)
-CONTROL_ATTEMPTS = 4
-#: OpenSSL's reasons when the other side answered the TLS hello in plain text (an http:// server)
-_PLAIN_TEXT_REPLIES = {
-    "WRONG_VERSION_NUMBER",
-    "RECORD_LAYER_FAILURE",
-    "PACKET_LENGTH_TOO_LONG",
-    "UNKNOWN_PROTOCOL",
-}
 
 _T = TypeVar("_T")
 
@@ -80,86 +55,6 @@ class ObjectInfo:
 
 def _strip(etag: str) -> str:
     return etag.strip('"')
-
-
-@contextlib.contextmanager
-def s3_errors(what: str, bucket: str) -> Iterator[None]:
-    """Translate SDK failures of `what` (e.g. "listing s3://b/p/") into modelsync errors."""
-    try:
-        yield
-    except ClientError as exc:
-        raise _client_error(exc, what, bucket) from None
-    except (NoCredentialsError, PartialCredentialsError):
-        raise AccessDeniedError(
-            f"no usable S3 credentials for {what}; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-            "AWS_PROFILE or AWS_WEB_IDENTITY_TOKEN_FILE"
-        ) from None
-    except SSLError as exc:
-        if _plain_text_reply(exc):
-            raise ConfigError(
-                f"the endpoint speaks plain HTTP, not TLS ({what}); write its URL with http:// "
-                "in --endpoint-url or AWS_ENDPOINT_URL"
-            ) from None
-        raise UsageError(
-            f"TLS verification failed for {what} ({_first_line(exc)}); "
-            "set AWS_CA_BUNDLE to the endpoint's CA, or --insecure to skip the check"
-        ) from None
-    except (BotoConnectionError, aiohttp.ClientError, TimeoutError) as exc:
-        raise RemoteUnavailableError(
-            f"S3 endpoint unavailable for {what} after {CONTROL_ATTEMPTS} attempts "
-            f"({_first_line(exc)}); check AWS_ENDPOINT_URL and the network path"
-        ) from None
-    except BotoCoreError as exc:
-        raise RemoteUnavailableError(f"S3 request failed for {what}: {_first_line(exc)}") from None
-
-
-def _plain_text_reply(exc: SSLError) -> bool:
-    """The TLS handshake failed because the server answered in plain text, not on trust."""
-    cause = exc.kwargs.get("error")
-    os_error = getattr(cause, "os_error", cause)
-    return isinstance(os_error, ssl.SSLError) and os_error.reason in _PLAIN_TEXT_REPLIES
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc) or type(exc).__name__).splitlines()[0][:300]
-
-
-def _code_and_status(exc: ClientError) -> tuple[str, int]:
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code, int(status) if isinstance(status, int) else 0
-
-
-def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
-    code, status = _code_and_status(exc)
-    verdict = classify(status, code or None)
-    if code == "NoSuchBucket":
-        return BucketNotFoundError(f"bucket {bucket!r} does not exist ({what}); check the source URI")
-    if verdict is Verdict.NOT_FOUND:
-        return NotFoundError(f"not found: {what}; check the source URI")
-    if verdict in (Verdict.DENIED, Verdict.EXPIRED):
-        return AccessDeniedError(
-            f"access denied ({code or status}) for {what}; check the credentials and the "
-            "bucket policy for this identity"
-        )
-    if verdict is Verdict.CHANGED:
-        return ObjectChangedError(f"object changed during {what}; pull again")
-    if verdict is Verdict.REDIRECT:
-        region = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
-        where = f" (the bucket is in region {region})" if region else ""
-        return WrongEndpointError(
-            f"the store redirects {what} ({code or status}){where}; the endpoint or region is wrong: "
-            "set AWS_ENDPOINT_URL (--endpoint-url) and AWS_REGION (--region) to where the bucket lives"
-        )
-    return RemoteUnavailableError(
-        f"S3 error {code or status} for {what} after {CONTROL_ATTEMPTS} attempts; retry later"
-    )
-
-
-def _is_missing_key(exc: ClientError) -> bool:
-    """A missing object (not a missing bucket): decided on S3's error code, not on the message."""
-    code, status = _code_and_status(exc)
-    return code != "NoSuchBucket" and classify(status, code or None) is Verdict.NOT_FOUND
 
 
 class S3:
@@ -185,7 +80,7 @@ class S3:
                 try:
                     return await call()
                 except ClientError as exc:
-                    code, status = _code_and_status(exc)
+                    code, status = code_and_status(exc)
                     verdict = classify(status, code or None)
                     spent_s = time.monotonic() - started
                     renew = verdict is Verdict.EXPIRED and not renewed
@@ -209,7 +104,7 @@ class S3:
             try:
                 resp = await self._client.get_object(Bucket=ref.bucket, Key=ref.prefix + name)
             except ClientError as exc:
-                if _is_missing_key(exc):
+                if is_missing_key(exc):
                     return None
                 raise
             async with resp["Body"] as body:

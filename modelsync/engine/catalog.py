@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
+from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.index import Index, IndexedModel
 from modelsync.core.eviction import Blob, CacheEntry
 from modelsync.core.lifecycle import CacheState
-from modelsync.core.record import CompletionRecord, parse_record
+from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef, parse_model_name
-from modelsync.errors import LocalStorageError, ManifestError, ModelsyncError, NotFoundError
+from modelsync.errors import LocalStorageError, ModelsyncError, NotFoundError
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,27 +79,15 @@ class Catalog:
 
     def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, CacheState]]]:
         # Quarantine first, so a ready record of the same model (pulled again since) wins.
-        places = (
-            (self.cache.quarantine_dir, CacheState.QUARANTINED),
-            (self.cache.records_dir, CacheState.READY),
-        )
-        for directory, state in places:
-            for path in _json_files(directory):
-                record = _read_record(path)
-                if record is None:
-                    continue
+        for quarantined, state in ((True, CacheState.QUARANTINED), (False, CacheState.READY)):
+            for slug, record in self.cache.stored_records(quarantined=quarantined):
                 try:
                     ref = parse_model_name(record.source)
                 except ModelsyncError:
                     continue
-                if path.stem != ref.slug or not _is_dir(self._data_dir(ref, state)):
+                if slug != ref.slug or not self.cache.has_data_dir(ref, quarantined=quarantined):
                     continue
                 yield ref.model_id, (ref, record, state)
-
-    def _data_dir(self, ref: ModelRef, state: CacheState) -> Path:
-        if state is CacheState.READY:
-            return self.cache.ready_path(ref)
-        return self.cache.quarantine_dir / ref.slug
 
     def register(self, ref: ModelRef, record: CompletionRecord, state: CacheState = CacheState.READY) -> None:
         """Add or replace a model's row, after its record was written (`make_ready`, a quarantine).
@@ -115,13 +101,8 @@ class Catalog:
 
     def _put(self, ref: ModelRef, record: CompletionRecord, state: CacheState) -> None:
         """Add or replace a model's row, with the inode of each file for hard-link accounting."""
-        root = self._data_dir(ref, state)
-        inodes = {}
-        for f in record.files:
-            with contextlib.suppress(OSError):
-                st = os.lstat(root / f.path)
-                if stat.S_ISREG(st.st_mode):
-                    inodes[f.path] = (st.st_dev, st.st_ino)
+        root = self.cache.data_dir(ref, quarantined=state is CacheState.QUARANTINED)
+        inodes = fs.file_inodes(root, [f.path for f in record.files])
         self.index.put(ref.model_id, record, inodes, state)
         verified_at = self.cache.verified_at(ref)
         if verified_at is not None and verified_at > record.completed_at:
@@ -223,27 +204,6 @@ def open_catalog(cache: Cache) -> Iterator[Catalog]:
         yield catalog
     finally:
         catalog.close()
-
-
-def _json_files(directory: Path) -> list[Path]:
-    try:
-        return sorted(p for p in directory.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
-    except FileNotFoundError:
-        return []
-
-
-def _read_record(path: Path) -> CompletionRecord | None:
-    try:
-        return parse_record(path.read_bytes(), str(path))
-    except (OSError, ManifestError):
-        return None
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
 
 
 def _latest(*instants: float | None) -> float | None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from modelsync.adapters import fs
-from modelsync.adapters.cache import Cache, ModelLock
+from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
 from modelsync.core.eviction import EvictionPlan, plan_eviction, plan_watermarks
 from modelsync.core.refs import ModelRef, parse_model_name
@@ -46,8 +46,7 @@ def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResu
         try:
             # A quarantined copy goes too (nothing there when the model is not quarantined); no
             # per-victim lookup of its state, which would read every model's markers again.
-            fs.remove_tree(cache.quarantine_dir / ref.slug)
-            (cache.quarantine_dir / f"{ref.slug}.json").unlink(missing_ok=True)
+            cache.drop_quarantine(ref)
             cache.remove_ready(ref)
             cache.prune_parents(ref)
             cache.forget(ref)
@@ -78,7 +77,7 @@ def make_room(
     is the disk's, less what other live pulls claimed and have not allocated yet.
     Raises DiskFullError, naming what is pinned or protected, when it can never fit.
     """
-    space_lock = ModelLock(cache.locks_dir / "space.lock")
+    space_lock = cache.space_lock()
     space_lock.acquire()
     try:
         now = time.time()

@@ -37,7 +37,7 @@ def cache_entries(cache: Cache) -> list[CacheEntry]:
     A cache that was never created holds nothing; it is not created here (`modelsync plan`
     may run on a machine that is not a node).
     """
-    if not cache.state_dir.is_dir():
+    if not cache.exists():
         return []
     with open_catalog(cache) as catalog:
         return catalog.eviction_entries()

@@ -6,13 +6,12 @@ milliseconds; importing aiobotocore alone would cost more than that.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from modelsync.adapters import fs
+from modelsync.adapters import model_files
 from modelsync.adapters.cache import Cache
+from modelsync.adapters.model_files import Kind
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef
 
@@ -27,17 +26,15 @@ def quick_check(root: Path, record: CompletionRecord) -> list[Problem]:
     """Presence, type and size of every file of the model at `root`: one lstat each, no reads."""
     problems = []
     for f in record.files:
-        try:
-            st = os.lstat(root / f.path)
-        except FileNotFoundError:
+        found = model_files.entry(root, f.path)
+        if found.kind is Kind.MISSING:
             problems.append(Problem(f.path, "missing"))
-            continue
-        if stat.S_ISLNK(st.st_mode):
+        elif found.kind is Kind.SYMLINK:
             problems.append(Problem(f.path, "is a symlink"))
-        elif not stat.S_ISREG(st.st_mode):
+        elif found.kind is Kind.OTHER:
             problems.append(Problem(f.path, "not a regular file"))
-        elif st.st_size != f.size_bytes:
-            problems.append(Problem(f.path, f"size {st.st_size}, recorded {f.size_bytes}"))
+        elif found.size_bytes != f.size_bytes:
+            problems.append(Problem(f.path, f"size {found.size_bytes}, recorded {f.size_bytes}"))
     return problems
 
 
@@ -47,27 +44,20 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
     With `sha256s`, each file's SHA-256 is computed in the same pass and stored
     there, for a signature re-check that reads nothing twice.
     """
-    from modelsync.adapters.digest import hash_fd  # here, not at the top: the warm path never hashes
-
     problems = quick_check(root, record)
     bad = {p.path for p in problems}
-    root_fd = fs.open_dir(root)
-    try:
+    with model_files.ModelDir(root) as model:
         for f in record.files:
             if f.path in bad:
                 continue
-            fd = fs.open_file_beneath(root_fd, PurePosixPath(f.path), os.O_RDONLY)
-            try:
-                both = hash_fd(fd, f.size_bytes, sha256=sha256s is not None)
-            finally:
-                os.close(fd)
-            digest = both.xxh3_128
-            if sha256s is not None and both.sha256 is not None:
-                sha256s[f.path] = both.sha256
-            if digest != f.xxh3_128:
-                problems.append(Problem(f.path, f"xxh3-128 {digest}, recorded {f.xxh3_128}"))
-    finally:
-        os.close(root_fd)
+            digest = model.digest(f.path, f.size_bytes, sha256=sha256s is not None)
+            if digest is None:
+                problems.append(Problem(f.path, "reachable only through a symlink"))
+                continue
+            if sha256s is not None and digest.sha256 is not None:
+                sha256s[f.path] = digest.sha256
+            if digest.xxh3_128 != f.xxh3_128:
+                problems.append(Problem(f.path, f"xxh3-128 {digest.xxh3_128}, recorded {f.xxh3_128}"))
     return problems
 
 

@@ -8,11 +8,10 @@ symlinks, as every other check here does.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from modelsync.adapters import fs
+from modelsync.adapters.model_files import ModelDir
 from modelsync.core import safetensors
 from modelsync.engine.ready import Problem
 from modelsync.errors import MalformedModelError
@@ -23,23 +22,20 @@ def scrub(root: Path, files: Iterable[tuple[str, int]]) -> list[Problem]:
     listed = dict(files)
     headers: dict[str, safetensors.Header] = {}
     problems: list[Problem] = []
-    root_fd = fs.open_dir(root)
-    try:
+    with ModelDir(root) as model:
         for path, size_bytes in sorted(listed.items()):
             if not safetensors.is_safetensors(path):
                 continue
             try:
-                headers[path] = _header(root_fd, path, size_bytes)
+                headers[path] = _header(model, path, size_bytes)
             except MalformedModelError as exc:
                 problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
         for path in sorted(p for p in listed if p.rpartition("/")[2] == safetensors.INDEX_NAME):
-            data = _read(root_fd, path, 0, min(listed[path], safetensors.MAX_INDEX_BYTES + 1))
+            data = model.read(path, 0, min(listed[path], safetensors.MAX_INDEX_BYTES + 1))
             try:
                 safetensors.check_index(path, data, headers, frozenset(listed))
             except MalformedModelError as exc:
                 problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
-    finally:
-        os.close(root_fd)
     return problems
 
 
@@ -53,16 +49,8 @@ def raise_first(problems: list[Problem]) -> None:
         )
 
 
-def _header(root_fd: int, path: str, size_bytes: int) -> safetensors.Header:
-    prefix = _read(root_fd, path, 0, safetensors.PREFIX_BYTES)
+def _header(model: ModelDir, path: str, size_bytes: int) -> safetensors.Header:
+    prefix = model.read(path, 0, safetensors.PREFIX_BYTES)
     length = safetensors.header_length(path, prefix, size_bytes)
-    header = _read(root_fd, path, safetensors.PREFIX_BYTES, length)
+    header = model.read(path, safetensors.PREFIX_BYTES, length)
     return safetensors.parse_header(path, header, size_bytes)
-
-
-def _read(root_fd: int, path: str, offset: int, n_bytes: int) -> bytes:
-    fd = fs.open_file_beneath(root_fd, PurePosixPath(path), os.O_RDONLY)
-    try:
-        return os.pread(fd, n_bytes, offset)
-    finally:
-        os.close(fd)

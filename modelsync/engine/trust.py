@@ -11,19 +11,17 @@ policy is off, nothing here costs anything and `model-signing` is never imported
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from modelsync.adapters import fs
-from modelsync.adapters.digest import hash_fd
+from modelsync.adapters.model_files import ModelDir
 from modelsync.core.parts import FileWork, RemoteFile
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef
 from modelsync.core.signature import Mode, SignatureRule, SignedModel, check_contents, check_identity
 from modelsync.engine.ready import Problem, full_check
 from modelsync.engine.scrub import raise_first, scrub
-from modelsync.errors import SignatureError, UnsignedModelError
+from modelsync.errors import LocalStorageError, SignatureError, UnsignedModelError
 
 
 class SignatureCheck:
@@ -96,15 +94,11 @@ def final_check(
 
 
 def _sha256(root: Path, path: str, size_bytes: int) -> str:
-    root_fd = fs.open_dir(root)
-    try:
-        fd = fs.open_file_beneath(root_fd, PurePosixPath(path), os.O_RDONLY)
-    finally:
-        os.close(root_fd)
-    try:
-        return hash_fd(fd, size_bytes, sha256=True).sha256 or ""
-    finally:
-        os.close(fd)
+    with ModelDir(root) as model:
+        digest = model.digest(path, size_bytes, sha256=True)
+    if digest is None:
+        raise LocalStorageError(f"{root / path}: gone, or reachable only through a symlink")
+    return digest.sha256 or ""
 
 
 def full_recheck(

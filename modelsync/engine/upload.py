@@ -13,11 +13,11 @@ makes) is uploaded after the files and before the manifest, which lists it.
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from modelsync.adapters import model_files
 from modelsync.adapters.digest import hash_fd, xxh3_of
 from modelsync.adapters.s3 import S3, open_s3
 from modelsync.config import Settings
@@ -58,27 +58,23 @@ class SigningKey:
     signature_name: str = DEFAULT_SIGNATURE_NAME
 
 
-def local_files(directory: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, Path]]:
-    """Every regular file below `directory` as (relative key, path), but the manifest and `skip`;
+def local_files(directory: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, int]]:
+    """Every regular file below `directory` as (relative key, size), but the manifest and `skip`;
     symlinks are refused."""
-    if not directory.is_dir():
+    if not model_files.is_dir(directory):
         raise UsageError(f"{directory} is not a directory")
+    files, links = model_files.tree_files(directory)
+    if links:
+        raise UsageError(f"{directory / links[0]} is a symlink; publish real files only")
     found = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        for name in dirnames + filenames:
-            path = Path(dirpath, name)
-            if path.is_symlink():
-                raise UsageError(f"{path} is a symlink; publish real files only")
-        for name in filenames:
-            path = Path(dirpath, name)
-            relative = path.relative_to(directory).as_posix()
-            if relative == MANIFEST_NAME or relative in skip:
-                continue
-            safe_relative_path(relative)
-            found.append((relative, path))
+    for relative, size_bytes in files:
+        if relative == MANIFEST_NAME or relative in skip:
+            continue
+        safe_relative_path(relative)
+        found.append((relative, size_bytes))
     if not found:
         raise UsageError(f"{directory} holds no files to publish")
-    return sorted(found)
+    return found
 
 
 async def upload(
@@ -105,17 +101,19 @@ async def upload(
     file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
     events = events or NoEvents()
 
-    async def upload(rel: str, path: Path) -> tuple[FileEntry, str | None]:
+    async def upload(rel: str) -> tuple[FileEntry, str | None]:
         async with file_slots:
-            return await _upload_file(s3, settings, window, ref, rel, path, events, signing is not None)
+            return await _upload_file(
+                s3, settings, window, ref, rel, directory / rel, events, signing is not None
+            )
 
     async with open_s3(settings) as s3:
         await s3.require_bucket(ref.bucket)
-        total_bytes = sum(path.stat().st_size for _, path in files)
+        total_bytes = sum(size_bytes for _, size_bytes in files)
         events.planned(len(files), total_bytes, total_bytes)
         with first_error():
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(upload(rel, path)) for rel, path in files]
+                tasks = [tg.create_task(upload(rel)) for rel, _ in files]
         entries = [t.result()[0] for t in tasks]
         signature_key = None
         if signing is not None and signer is not None:
@@ -152,20 +150,17 @@ async def _upload_file(
 ) -> tuple[FileEntry, str | None]:
     """Upload one file; its manifest entry and, when asked, its SHA-256 from the same hashing pass."""
     key = ref.prefix + rel
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        digest = await asyncio.to_thread(hash_fd, fd, size, None, sha256)
+    with model_files.ReadOnlyFile(path) as file:
+        size = file.size_bytes
+        digest = await asyncio.to_thread(hash_fd, file.fd, size, None, sha256)
         parts = plan_parts(size, max(settings.part_size_bytes, MIN_UPLOAD_PART_BYTES))
         if len(parts) <= 1:
             async with window:
-                data = await asyncio.to_thread(os.pread, fd, size, 0)
+                data = await asyncio.to_thread(file.read, 0, size)
                 etag = await s3.put_bytes(ref.bucket, key, data)
             events.fetched(size)
         else:
-            etag = await _multipart(s3, window, ref.bucket, key, fd, parts, events)
-    finally:
-        os.close(fd)
+            etag = await _multipart(s3, window, ref.bucket, key, file, parts, events)
     return FileEntry(path=rel, size_bytes=size, xxh3_128=digest.xxh3_128, etag=etag), digest.sha256
 
 
@@ -174,7 +169,7 @@ async def _multipart(
     window: asyncio.Semaphore,
     bucket: str,
     key: str,
-    fd: int,
+    file: model_files.ReadOnlyFile,
     parts: tuple[Part, ...],
     events: PullEvents,
 ) -> str:
@@ -182,7 +177,7 @@ async def _multipart(
 
     async def send(part: Part) -> str:
         async with window:
-            data = await asyncio.to_thread(os.pread, fd, part.size_bytes, part.start)
+            data = await asyncio.to_thread(file.read, part.start, part.size_bytes)
             etag = await s3.upload_part(bucket, key, upload_id, part.index + 1, data)
         events.fetched(part.size_bytes)
         return etag

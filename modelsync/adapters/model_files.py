@@ -1,0 +1,145 @@
+"""A model's files where they lie: what each path holds (one lstat), their digests, and reads.
+
+For a cached model and for a local directory being uploaded. Reads never go
+through a symlink: files are opened with O_NOFOLLOW, a cached model's below its
+directory by directory fds. The checks that judge what is found (missing, wrong
+size, wrong digest, a symlink in an upload) are the engine's; this module only looks.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from modelsync.adapters import fs
+
+if TYPE_CHECKING:
+    from modelsync.adapters.digest import FileDigest
+
+
+class Kind(enum.Enum):
+    MISSING = "missing"
+    SYMLINK = "symlink"
+    FILE = "file"
+    #: a directory, a device, a socket...
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    kind: Kind
+    #: the apparent size of a regular file
+    size_bytes: int = 0
+
+
+def entry(root: Path, relative: str) -> Entry:
+    """What is at `relative` below `root`, by one lstat (the warm path's only look at each file)."""
+    path = root / relative
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return Entry(Kind.MISSING)
+    except OSError as exc:
+        raise fs.storage_error(exc, path) from None
+    if stat.S_ISLNK(st.st_mode):
+        return Entry(Kind.SYMLINK)
+    if not stat.S_ISREG(st.st_mode):
+        return Entry(Kind.OTHER)
+    return Entry(Kind.FILE, st.st_size)
+
+
+class ModelDir:
+    """A model's directory held open: its files are read beneath it, never through a symlink."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        with fs.storage_errors(root):
+            self._fd = fs.open_dir(root)
+
+    def read(self, relative: str, offset: int, n_bytes: int) -> bytes:
+        """Up to `n_bytes` of the file at `offset` (fewer at its end)."""
+        with fs.storage_errors(self.root / relative):
+            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY)
+            try:
+                return os.pread(fd, n_bytes, offset)
+            finally:
+                os.close(fd)
+
+    def digest(self, relative: str, size_bytes: int, *, sha256: bool = False) -> FileDigest | None:
+        """The file's digests, read front to back; None when it has gone or is behind a symlink.
+
+        Such a file is not the model's file, whatever it holds.
+        """
+        from modelsync.adapters.digest import hash_fd  # here, not at the top: the warm path never hashes
+
+        try:
+            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise fs.storage_error(exc, self.root / relative) from None
+        try:
+            return hash_fd(fd, size_bytes, sha256=sha256)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> ModelDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_dir(path: Path) -> bool:
+    """Whether `path` is a directory (a symlink to one counts: the user named it)."""
+    return path.is_dir()
+
+
+def tree_files(directory: Path) -> tuple[list[tuple[str, int]], list[str]]:
+    """The regular files below `directory` as (relative path, size), and the symlinks met there.
+
+    Symlinks are listed, never followed; other kinds of entry (sockets, devices) are left out.
+    """
+    files, links = [], []
+    with fs.storage_errors(directory):
+        for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+            for name in dirnames + filenames:
+                path = Path(dirpath, name)
+                st = os.lstat(path)
+                relative = path.relative_to(directory).as_posix()
+                if stat.S_ISLNK(st.st_mode):
+                    links.append(relative)
+                elif stat.S_ISREG(st.st_mode):
+                    files.append((relative, st.st_size))
+    return sorted(files), sorted(links)
+
+
+class ReadOnlyFile:
+    """A local file opened for reading at offsets; its size is taken once, when it is opened."""
+
+    def __init__(self, path: Path) -> None:
+        with fs.storage_errors(path):
+            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            self.size_bytes = os.fstat(self.fd).st_size
+        self.path = path
+
+    def read(self, start: int, length: int) -> bytes:
+        with fs.storage_errors(self.path):
+            return os.pread(self.fd, length, start)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> ReadOnlyFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -51,6 +51,8 @@ _SERVICES = ("s3", "master", "volume", "filer")
 _ADMIN_ACTIONS = ("Admin", "Read", "List", "Tagging", "Write")
 MAX_VOLUMES = 1000
 _MASTER_TOML = "[master.volume_growth]\ncopy_1 = 1\n"
+#: where weed puts its local Unix sockets whatever its flags say (only two services take a flag)
+_SOCKET_DIR = Path("/tmp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,7 @@ class SeaweedFS(Service):
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._s3_port: int | None = None
+        self._ports: tuple[int, ...] = ()
         self.log_path = data_dir / "weed.log"
 
     @property
@@ -182,7 +185,19 @@ class SeaweedFS(Service):
         if self._log is not None:
             self._log.close()
             self._log = None
+        for socket_path in self._sockets():
+            socket_path.unlink(missing_ok=True)
         self._s3_port = None
+        self._ports = ()
+
+    def _sockets(self) -> list[Path]:
+        """The Unix sockets weed made in /tmp for this launch's ports (each service and gRPC twin)."""
+        named = dict(zip(_SERVICES, self._ports, strict=True)) if self._ports else {}
+        return [
+            _SOCKET_DIR / f"seaweedfs-{service}{kind}-{port + offset}.sock"
+            for service, port in named.items()
+            for kind, offset in (("", 0), ("-grpc", GRPC_OFFSET))
+        ]
 
     def _launch(self, config: Path, ports: tuple[int, ...]) -> None:
         s3, master, volume, filer = ports
@@ -192,6 +207,7 @@ class SeaweedFS(Service):
         self._process = subprocess.Popen(
             [
                 str(weed_binary()),
+                f"-logdir={self._data_dir}",  # glog's files, else they pile up in /tmp
                 "server",
                 f"-dir={data}",
                 "-s3",
@@ -216,6 +232,7 @@ class SeaweedFS(Service):
             env={k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")},
         )
         self._s3_port = s3
+        self._ports = ports
 
     def _wait_until_writable(self, deadline: float) -> None:
         """Poll with a real bucket write: the S3 port answers before the filer accepts writes."""

@@ -243,7 +243,7 @@ class FetchWindow:
                 continue
             break
         self.gate.succeeded()
-        self.staging.journal.part_written(f.path, part.index)
+        self.staging.journal.part_written(f.path, part.index, part.size_bytes)
 
     def _transfer(self, req: RangeRequest, fd: int, start: int) -> int:
         """One ranged GET into the file (in a transfer thread); on disk, start writing it back."""

@@ -33,7 +33,7 @@ def _ready(root: Path, ref: ModelRef = REF) -> Cache:
     cache.ensure()
     staging = cache.staging(ref)
     staging.prepare(resume=False)
-    fd = staging.open_file("w.bin", len(DATA))
+    fd = staging.open_file("w.bin", len(DATA), fresh=True)
     try:
         os.pwrite(fd, DATA, 0)
     finally:

@@ -111,7 +111,7 @@ class FetchWindow:
 
     async def fetch_file(self, work: FileWork, hasher: PrefixHasher) -> FileDigest:
         """Fetch the missing parts while hashing the landed prefix; the digest once all are in."""
-        fd = await self._open(work.file)
+        fd = await self._open(work.file, fresh=not work.done)
         try:
             with first_error():
                 await self._fetch_missing(work, _Prefix(work, hasher, fd))
@@ -133,14 +133,14 @@ class FetchWindow:
         finally:
             os.close(fd)
 
-    async def _open(self, f: RemoteFile) -> int:
+    async def _open(self, f: RemoteFile, fresh: bool) -> int:
         """Create the staging file in a transfer thread: for small files, opening beneath the
         staging directory and allocating cost more than the GET, and the event loop is the
         one thread all files share."""
 
         def open_file() -> int:
             with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
-                return self.staging.open_file(f.path, f.size_bytes)
+                return self.staging.open_file(f.path, f.size_bytes, fresh=fresh)
 
         opening = asyncio.get_running_loop().run_in_executor(self.executor, open_file)
         try:

@@ -186,6 +186,20 @@ def test_a_cut_transfer_resumes_from_the_last_byte_written(
     assert [(f.start, f.end) for f in first] == [(1000, PART)], "the retry asks only for the rest"
 
 
+def test_a_cut_small_file_resumes_from_the_last_byte_written_in_the_file_it_created(
+    settings: Settings, store: FakeStore, fetcher: FakeFetcher
+) -> None:
+    small = data(PART - 1000, 3)  # one part: created, fetched and hashed in one transfer thread
+    store.put_model(REF, {"weights.bin": WEIGHTS, "config.json": CONFIG, "small.bin": small})
+    key = REF.prefix + "small.bin"
+    fetcher.faults[key] = [cut_after(1000)]
+
+    result = ensure(settings, store, fetcher)
+
+    assert (result.path / "small.bin").read_bytes() == small
+    assert [(f.start, f.end) for f in fetcher.fetches if f.key == key] == [(1000, len(small))]
+
+
 @pytest.mark.parametrize(
     ("linked", "started"), [("config.json", "weights.bin"), ("weights.bin", "config.json")]
 )

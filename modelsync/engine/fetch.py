@@ -20,7 +20,6 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from modelsync.adapters import fs
@@ -36,6 +35,7 @@ from modelsync.engine.events import PullEvents
 from modelsync.engine.ports import Backends, ObjectStore, RangeFetcher
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import StoreGate
+from modelsync.engine.transfer_threads import TransferThreads
 from modelsync.errors import (
     AccessDeniedError,
     DiskFullError,
@@ -102,16 +102,18 @@ class FetchWindow:
         #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
         self.credentials_generation = 0
         self.credentials_lock = asyncio.Lock()
-        self.executor = ThreadPoolExecutor(
+        #: the transfer threads; each owns one connection per endpoint and one buffer
+        self.threads = TransferThreads(
+            asyncio.get_running_loop(),
             settings.concurrency,
-            thread_name_prefix="modelsync-get",
-            initializer=leave_signals_to_the_main_thread,
+            "modelsync-get",
+            leave_signals_to_the_main_thread,
         )
 
     def close(self) -> None:
         """Abort the transfers (their sockets close, blocked threads wake) and join the threads."""
         self.fetcher.close()
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.threads.shutdown()
 
     def forget_url(self, f: RemoteFile) -> None:
         """The object changed: its next part is signed afresh."""
@@ -160,7 +162,7 @@ class FetchWindow:
             with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
                 return self.staging.open_file(f.path, f.size_bytes, fresh=fresh)
 
-        opening = asyncio.get_running_loop().run_in_executor(self.executor, open_file)
+        opening = self.threads.submit(open_file)
         try:
             return await in_thread(opening)
         except asyncio.CancelledError:
@@ -223,7 +225,6 @@ class FetchWindow:
         freshly resolved credentials for a token) and does not count.
         """
         start = part.start
-        loop = asyncio.get_running_loop()
         retries = PartRetries(self.policy)
         expired = 0
         while True:
@@ -232,7 +233,7 @@ class FetchWindow:
             generation = self.credentials_generation
             req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
             try:
-                await in_thread(loop.run_in_executor(self.executor, transfer, req, start))
+                await in_thread(self.threads.submit(transfer, req, start))
             except PresignedUrlExpiredError as exc:
                 expired += 1
                 if expired >= MAX_EXPIRED_IN_A_ROW:

@@ -394,6 +394,19 @@ def make_dirs(path: Path, up_to: Path | None = None) -> None:
                 os.chmod(directory, DIR_MODE)
 
 
+def umask_keeps(mode: int) -> bool:
+    """Whether files this process creates with `mode` get exactly it: its umask clears none of its bits.
+
+    Read from /proc (os.umask can only be read by setting it, which races other threads);
+    False when it cannot be read, so callers fall back to setting the mode.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8) & mode == 0
+    return False
+
+
 def share_with_group(fd: int) -> None:
     """Make a file this process just created writable by the cache's group (best effort)."""
     with contextlib.suppress(PermissionError):

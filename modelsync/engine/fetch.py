@@ -97,6 +97,8 @@ class FetchWindow:
         self.window = asyncio.Semaphore(settings.concurrency)
         self.hash_slots = asyncio.Semaphore(HASH_SLOTS)
         self.urls: dict[str, str] = {}
+        #: the staging directory, opened for the first file (after the pull prepared it) and kept
+        self.staging_fd: int | None = None
         #: whether the user was told that the store throttles (once per pull)
         self.throttle_noted = False
         #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
@@ -114,6 +116,9 @@ class FetchWindow:
         """Abort the transfers (their sockets close, blocked threads wake) and join the threads."""
         self.fetcher.close()
         self.threads.shutdown()
+        if self.staging_fd is not None:
+            os.close(self.staging_fd)
+            self.staging_fd = None
 
     def forget_url(self, f: RemoteFile) -> None:
         """The object changed: its next part is signed afresh."""
@@ -121,6 +126,9 @@ class FetchWindow:
 
     async def fetch_file(self, work: FileWork, hasher: PrefixHasher) -> FileDigest:
         """Fetch the missing parts while hashing the landed prefix; the digest once all are in."""
+        if self.staging_fd is None:
+            with fs.storage_errors(self.staging.dir):
+                self.staging_fd = fs.open_dir(self.staging.dir)
         try:
             if not work.done and len(work.parts) == 1 and work.file.size_bytes <= WHOLE_FILE_MAX_BYTES:
                 async with self.window:
@@ -160,7 +168,7 @@ class FetchWindow:
 
         def open_file() -> int:
             with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
-                return self.staging.open_file(f.path, f.size_bytes, fresh=fresh)
+                return self.staging.open_file(f.path, f.size_bytes, fresh=fresh, dir_fd=self.staging_fd)
 
         opening = self.threads.submit(open_file)
         try:
@@ -281,7 +289,7 @@ class FetchWindow:
         Hashed from the page cache once the bytes have landed, as every other file is.
         """
         with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
-            fd = self.staging.open_file(f.path, f.size_bytes, fresh=start == 0)
+            fd = self.staging.open_file(f.path, f.size_bytes, fresh=start == 0, dir_fd=self.staging_fd)
         try:
             written = self._transfer(fd, req, start)
             self._hash(hasher, fd, f.size_bytes)

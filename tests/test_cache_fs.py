@@ -7,6 +7,7 @@ directory of the cache should be is refused, never followed out of the cache.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def _ready(root: Path, ref: ModelRef = REF) -> Cache:
     cache.ensure()
     staging = cache.staging(ref)
     staging.prepare(resume=False)
-    fd = staging.open_file("w.bin", len(DATA))
+    fd = staging.open_file("w.bin", len(DATA), fresh=True)
     try:
         os.pwrite(fd, DATA, 0)
     finally:
@@ -134,3 +135,22 @@ def test_a_full_check_reports_a_file_behind_a_symlinked_directory_instead_of_fai
     os.symlink(outside, root / "d")
     record = CompletionRecord(REF.uri, 1.0, "size", (FileEntry("d/w.bin", len(DATA), "0" * 32, None),))
     assert full_check(root, record) == [Problem("d/w.bin", "reachable only through a symlink")]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_a_staging_file_is_group_writable_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    """Another uid of the cache's group must be able to resume it; fresh or not."""
+    cache = Cache(tmp_path)
+    cache.ensure()
+    staging = cache.staging(REF)
+    staging.prepare(resume=False)
+    old = os.umask(umask)
+    try:
+        for fresh in (True, False):
+            fd = staging.open_file("w.bin", len(DATA), fresh=fresh)
+            try:
+                assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o664
+            finally:
+                os.close(fd)
+    finally:
+        os.umask(old)

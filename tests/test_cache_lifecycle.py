@@ -834,7 +834,7 @@ def test_crash_leftovers_never_crash_a_command_verify_reports_them_and_gc_remove
     staging.journal.start(keep=False)
     staging.journal.begin_file("weights.bin", md5_hex(incoming.files["weights.bin"]), MiB, PART)
     for i in range(3):
-        staging.journal.part_written("weights.bin", i)
+        staging.journal.part_written("weights.bin", i, PART)
     staging.journal.close()
 
     listed = run("ls")

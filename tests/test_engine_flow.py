@@ -186,6 +186,47 @@ def test_a_cut_transfer_resumes_from_the_last_byte_written(
     assert [(f.start, f.end) for f in first] == [(1000, PART)], "the retry asks only for the rest"
 
 
+def test_a_cut_small_file_resumes_from_the_last_byte_written_in_the_file_it_created(
+    settings: Settings, store: FakeStore, fetcher: FakeFetcher
+) -> None:
+    small = data(PART - 1000, 3)  # one part: created, fetched and hashed in one transfer thread
+    store.put_model(REF, {"weights.bin": WEIGHTS, "config.json": CONFIG, "small.bin": small})
+    key = REF.prefix + "small.bin"
+    fetcher.faults[key] = [cut_after(1000)]
+
+    result = ensure(settings, store, fetcher)
+
+    assert (result.path / "small.bin").read_bytes() == small
+    assert [(f.start, f.end) for f in fetcher.fetches if f.key == key] == [(1000, len(small))]
+
+
+@pytest.mark.parametrize(
+    ("linked", "started"), [("config.json", "weights.bin"), ("weights.bin", "config.json")]
+)
+def test_a_file_left_in_staging_as_a_hard_link_is_replaced_not_written_into(
+    settings: Settings, store: FakeStore, fetcher: FakeFetcher, tmp_path: Path, linked: str, started: str
+) -> None:
+    """A kill -9 may lose the journal lines of a file dedup linked from a ready model: the next
+    pull finds the link but no line for it, and must write a new file, never into that inode."""
+    elsewhere = tmp_path / "a-ready-models-file"
+    elsewhere.write_bytes(b"ready bytes")
+    cache = Cache(settings.cache_dir)
+    cache.ensure()
+    staging = cache.staging(REF)
+    staging.dir.mkdir(parents=True)
+    os.link(elsewhere, staging.dir / linked)
+    staging.journal.start(keep=False)  # the journal knows another file, so the pull resumes
+    sizes = {"weights.bin": len(WEIGHTS), "config.json": len(CONFIG)}
+    staging.journal.begin_file(started, store.etag(REF.bucket, REF.prefix + started), sizes[started], PART)
+    staging.journal.close()
+
+    result = ensure(settings, store, fetcher)
+
+    assert elsewhere.read_bytes() == b"ready bytes"
+    assert (result.path / "weights.bin").read_bytes() == WEIGHTS
+    assert (result.path / "config.json").read_bytes() == CONFIG
+
+
 def test_a_cancelled_pull_publishes_nothing_and_the_next_one_fetches_only_what_is_missing(
     settings: Settings, store: FakeStore, fetcher: FakeFetcher
 ) -> None:

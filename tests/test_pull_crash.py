@@ -25,6 +25,7 @@ from support.objects import put_model
 from support.s3env import S3Env
 from support.safetensors import shard
 
+from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
 
 MiB = 1024 * 1024
@@ -111,6 +112,46 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
         assert (ready / name).read_bytes() == data
     assert list(staging.iterdir()) == []
     assert resume_s < 30
+
+
+def test_a_pull_of_many_small_files_killed_mid_way_trusts_only_what_its_journal_verified(
+    tmp_path: Path,
+    moto_subprocess_s3_env: S3Env,
+    moto_subprocess_proxy: FaultProxy,
+    moto_subprocess_client: BaseClient,
+) -> None:
+    """Small files are journaled in batches: a kill loses the last lines, never makes one lie."""
+    files = {f"file-{i:03d}.bin": payload(64 * 1024) for i in range(48)}
+    total = sum(len(d) for d in files.values())
+    bucket = put_model(moto_subprocess_client, "crash", PREFIX, files).bucket
+    cache = tmp_path / "cache"
+    env = moto_subprocess_s3_env.via(moto_subprocess_proxy.endpoint_url).subprocess_env()
+    ref = parse_source(f"s3://{bucket}/{PREFIX}")
+    journal = Cache(cache).staging(ref).journal
+
+    slow = subprocess.Popen(
+        pull_command(bucket, cache, "--max-bandwidth", "1Mi", "--concurrency", "2", "--quiet"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    sigkill_when(slow, lambda: len(journal.load().verified) >= 16, "16 files journaled as verified")
+
+    state = journal.load()
+    assert 16 <= len(state.verified) < len(files)
+    for path in state.verified:  # what the journal calls verified is the source's bytes
+        assert (Cache(cache).staging(ref).dir / path).read_bytes() == files[path]
+    written = {path for path, parts in state.parts.items() if parts}
+    moto_subprocess_proxy.clear()
+    again = subprocess.run(
+        pull_command(bucket, cache, "--quiet"), env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert again.returncode == 0, again.stderr
+    assert moto_subprocess_proxy.object_bytes_sent() == total - sum(len(files[p]) for p in written)
+    ready = cache / ref.cache_path
+    for name, data in files.items():
+        assert (ready / name).read_bytes() == data
 
 
 def test_two_concurrent_pulls_of_one_model_download_it_once_and_print_the_same_path(

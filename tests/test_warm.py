@@ -30,7 +30,7 @@ def make_ready(root: Path, source: str = SOURCE) -> Path:
     staging = cache.staging(ref)
     staging.prepare(resume=False)
     data = b"weights" * 100
-    fd = staging.open_file("model.safetensors", len(data))
+    fd = staging.open_file("model.safetensors", len(data), fresh=True)
     os.pwrite(fd, data, 0)
     os.close(fd)
     entry = FileEntry("model.safetensors", len(data), xxhash.xxh3_128_hexdigest(data), "etag")

@@ -8,9 +8,11 @@ download instead of following it.
 
 It reads through read-only mmap windows rather than pread into a buffer: the
 hash then reads the page cache in place, without a copy (measured in
-docs/perf-lab.md: about a quarter of the CPU of a pread pass). xxhash and hashlib
+docs/perf-lab.md: about a quarter of the CPU of a pread pass). A short stretch
+(a small file) is read instead: there the syscalls of a mapping cost more than
+the copy. xxhash and hashlib
 release the GIL on large buffers, so hashing runs beside the transfer threads.
-Memory: one window mapping at a time per hasher.
+Memory: one window mapping (or one read of at most READ_MAX_BYTES) at a time per hasher.
 
 SHA-256 (what an OpenSSF model signature lists) is computed in the same pass,
 from the same window, only when the caller asks: unsigned pulls pay nothing.
@@ -31,6 +33,10 @@ import xxhash
 
 #: bytes mapped at a time
 WINDOW_BYTES = 8 * 1024 * 1024
+#: a stretch up to this size is read (one pread, a copy) rather than mapped: mapping costs five
+#: syscalls (fstat, dup, mmap, munmap, close), which for a 64 KiB file is three times the CPU of
+#: the copy (15 us against 5); the copy costs more from about 256 KiB on
+READ_MAX_BYTES = 256 * 1024
 #: bytes each digest takes in turn when several are computed: well inside a core's L2 cache,
 #: and far above the 2 KiB (hashlib) and 64 KiB (xxhash) from which they release the GIL
 SLICE_BYTES = 256 * 1024
@@ -73,6 +79,13 @@ class PrefixHasher:
     def feed(self, fd: int, end: int) -> None:
         """Hash `[position, end)` of `fd`; blocking, so callers run it in a worker thread."""
         end = min(end, self.size_bytes)
+        if 0 < end - self.position <= READ_MAX_BYTES:
+            data = os.pread(fd, end - self.position, self.position)
+            if len(data) != end - self.position:
+                raise ValueError(f"file ends at {self.position + len(data)}, before {end}")
+            self._update(memoryview(data))
+            self.position = end
+            return
         while self.position < end:
             aligned = self.position - self.position % mmap.ALLOCATIONGRANULARITY
             length = min(WINDOW_BYTES, end - aligned)

@@ -142,11 +142,27 @@ def open_dir_beneath(root_fd: int, relative: PurePosixPath, create: bool) -> int
 
 def open_file_beneath(root_fd: int, relative: PurePosixPath, flags: int, mode: int = FILE_MODE) -> int:
     """Open a file below `root_fd`, creating parent directories, never following a symlink."""
+    if not relative.parent.parts:  # directly below: no parent to open (two syscalls a file)
+        return os.open(relative.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=root_fd)
     parent = open_dir_beneath(root_fd, relative.parent, create=bool(flags & os.O_CREAT))
     try:
         return os.open(relative.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
     finally:
         os.close(parent)
+
+
+def create_file_beneath(root_fd: int, relative: PurePosixPath, mode: int = FILE_MODE) -> int:
+    """A new empty file below `root_fd`, open for reading and writing; whatever was there is unlinked.
+
+    Never writes into an existing inode: a file left in staging may be a hard link
+    to a ready model's file (engine/dedup.py) whose journal line a kill -9 lost.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
+    try:
+        return open_file_beneath(root_fd, relative, flags, mode)
+    except FileExistsError:
+        remove_beneath_fd(root_fd, relative)
+        return open_file_beneath(root_fd, relative, flags, mode)
 
 
 _RENAME_EXCHANGE = 2
@@ -340,25 +356,29 @@ def remove_beneath(root: Path, relative: str) -> None:
     No symlink on the way is followed: a planted link is removed itself, never
     what it points to. Nothing there is not an error.
     """
-    path = PurePosixPath(relative)
     with storage_errors(root / relative):
         root_fd = open_dir(root)
         try:
-            try:
-                parent = open_dir_beneath(root_fd, path.parent, create=False)
-            except (FileNotFoundError, NotADirectoryError):
-                return
+            remove_beneath_fd(root_fd, PurePosixPath(relative))
         finally:
             os.close(root_fd)
+
+
+def remove_beneath_fd(root_fd: int, relative: PurePosixPath) -> None:
+    """`remove_beneath` below an open directory."""
+    try:
+        parent = open_dir_beneath(root_fd, relative.parent, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
         try:
-            try:
-                os.unlink(path.name, dir_fd=parent)
-            except FileNotFoundError:
-                pass
-            except IsADirectoryError:
-                shutil.rmtree(path.name, dir_fd=parent)
-        finally:
-            os.close(parent)
+            os.unlink(relative.name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(relative.name, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def make_dirs(path: Path, up_to: Path | None = None) -> None:
@@ -372,6 +392,19 @@ def make_dirs(path: Path, up_to: Path | None = None) -> None:
         if directory.stat().st_mode & 0o7777 != DIR_MODE:
             with contextlib.suppress(PermissionError):
                 os.chmod(directory, DIR_MODE)
+
+
+def umask_keeps(mode: int) -> bool:
+    """Whether files this process creates with `mode` get exactly it: its umask clears none of its bits.
+
+    Read from /proc (os.umask can only be read by setting it, which races other threads);
+    False when it cannot be read, so callers fall back to setting the mode.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8) & mode == 0
+    return False
 
 
 def share_with_group(fd: int) -> None:

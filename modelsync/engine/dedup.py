@@ -46,7 +46,7 @@ def link_copies(
                 continue
             by = "manifest" if f.xxh3_128 is not None else etag_kind(f.etag).value
             staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
-            staging.journal.file_verified(f.path, copy.xxh3_128, by)
+            staging.journal.file_verified(f.path, copy.xxh3_128, by, f.size_bytes)
             linked[f.path] = Linked(copy.xxh3_128, by)
             break
     return linked

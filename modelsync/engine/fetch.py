@@ -3,9 +3,11 @@
 At most `concurrency` GETs are in flight (a semaphore, not batches), each run
 by a transfer thread that writes the body at its offset in the staging file.
 A hasher follows each file's contiguous prefix of landed parts, so when the
-last part lands the file is almost hashed. Each part is retried from the last
-byte written until it lands or the retry policy gives up; a presigned URL is
-signed again before it gets old, and after the store calls it expired.
+last part lands the file is almost hashed. A small file of one part is made in
+one trip to a transfer thread instead: created, fetched, hashed and closed
+there. Each part is retried from the last byte written until it lands or the
+retry policy gives up; a presigned URL is signed again before it gets old, and
+after the store calls it expired.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import random
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import TypeVar
 
 from modelsync.adapters import fs
@@ -33,6 +35,7 @@ from modelsync.engine.events import PullEvents
 from modelsync.engine.ports import Backends, ObjectStore, RangeFetcher
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import StoreGate
+from modelsync.engine.transfer_threads import TransferThreads
 from modelsync.errors import (
     AccessDeniedError,
     DiskFullError,
@@ -43,6 +46,11 @@ from modelsync.errors import (
 
 #: files hashed at once when only xxh3 is computed (~10 GiB/s a core: two keep up with any link)
 HASH_SLOTS = 2
+#: a file of one part up to this size is created, fetched, hashed and closed in one trip to a
+#: transfer thread: for a model of many small files, the tasks and thread hand-offs of the
+#: general path cost more CPU than the bytes. It hashes outside the hash slots, so with this
+#: bound each transfer thread maps at most 1 MiB of page cache; larger files gain nothing.
+WHOLE_FILE_MAX_BYTES = 1024 * 1024
 #: a presigned URL is signed again once less than this share of its lifetime is left. With
 #: the default 15 min lifetime a URL is used for at most 7.5 min after signing, less than the
 #: 10 min of validity botocore guarantees temporary credentials when it signs (it refreshes
@@ -89,21 +97,28 @@ class FetchWindow:
         self.window = asyncio.Semaphore(settings.concurrency)
         self.hash_slots = asyncio.Semaphore(HASH_SLOTS)
         self.urls: dict[str, str] = {}
+        #: the staging directory, opened for the first file (after the pull prepared it) and kept
+        self.staging_fd: int | None = None
         #: whether the user was told that the store throttles (once per pull)
         self.throttle_noted = False
         #: bumped each time the credentials are resolved afresh, so a burst of ExpiredToken renews once
         self.credentials_generation = 0
         self.credentials_lock = asyncio.Lock()
-        self.executor = ThreadPoolExecutor(
+        #: the transfer threads; each owns one connection per endpoint and one buffer
+        self.threads = TransferThreads(
+            asyncio.get_running_loop(),
             settings.concurrency,
-            thread_name_prefix="modelsync-get",
-            initializer=leave_signals_to_the_main_thread,
+            "modelsync-get",
+            leave_signals_to_the_main_thread,
         )
 
     def close(self) -> None:
         """Abort the transfers (their sockets close, blocked threads wake) and join the threads."""
         self.fetcher.close()
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.threads.shutdown()
+        if self.staging_fd is not None:
+            os.close(self.staging_fd)
+            self.staging_fd = None
 
     def forget_url(self, f: RemoteFile) -> None:
         """The object changed: its next part is signed afresh."""
@@ -111,7 +126,28 @@ class FetchWindow:
 
     async def fetch_file(self, work: FileWork, hasher: PrefixHasher) -> FileDigest:
         """Fetch the missing parts while hashing the landed prefix; the digest once all are in."""
-        fd = await self._open(work.file)
+        if self.staging_fd is None:
+            with fs.storage_errors(self.staging.dir):
+                self.staging_fd = fs.open_dir(self.staging.dir)
+        try:
+            if not work.done and len(work.parts) == 1 and work.file.size_bytes <= WHOLE_FILE_MAX_BYTES:
+                async with self.window:
+                    whole = functools.partial(self._transfer_whole, work.file, hasher)
+                    await self._part(work.file, work.parts[0], whole)
+            else:
+                await self._fetch_parts(work, hasher)
+            return hasher.digest()
+        except DiskFullError as exc:
+            raise DiskFullError(
+                f"disk full writing {self.staging.dir / work.file.path}: needs "
+                f"{format_bytes(work.missing_bytes)} for this file, "
+                f"{format_bytes(fs.free_bytes(self.staging.dir))} free ({exc}); "
+                "free space (modelsync evict) or raise the volume's size"
+            ) from None
+
+    async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> None:
+        """The general path: the file open while its parts land in any order and a hasher follows."""
+        fd = await self._open(work.file, fresh=not work.done)
         try:
             with first_error():
                 await self._fetch_missing(work, _Prefix(work, hasher, fd))
@@ -122,27 +158,19 @@ class FetchWindow:
                 # durable. A one-part file waits for publish's single syncfs: thousands of
                 # small files would each pay a journal commit here.
                 await asyncio.to_thread(fs.sync_data, fd, self.staging.dir / work.file.path)
-            return hasher.digest()
-        except DiskFullError as exc:
-            raise DiskFullError(
-                f"disk full writing {self.staging.dir / work.file.path}: needs "
-                f"{format_bytes(work.missing_bytes)} for this file, "
-                f"{format_bytes(fs.free_bytes(self.staging.dir))} free ({exc}); "
-                "free space (modelsync evict) or raise the volume's size"
-            ) from None
         finally:
             os.close(fd)
 
-    async def _open(self, f: RemoteFile) -> int:
+    async def _open(self, f: RemoteFile, fresh: bool) -> int:
         """Create the staging file in a transfer thread: for small files, opening beneath the
         staging directory and allocating cost more than the GET, and the event loop is the
         one thread all files share."""
 
         def open_file() -> int:
             with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
-                return self.staging.open_file(f.path, f.size_bytes)
+                return self.staging.open_file(f.path, f.size_bytes, fresh=fresh, dir_fd=self.staging_fd)
 
-        opening = asyncio.get_running_loop().run_in_executor(self.executor, open_file)
+        opening = self.threads.submit(open_file)
         try:
             return await in_thread(opening)
         except asyncio.CancelledError:
@@ -152,11 +180,12 @@ class FetchWindow:
 
     async def _fetch_missing(self, work: FileWork, prefix: _Prefix) -> None:
         """The parts through the shared window, and one hasher following them, as one task group."""
+        into_file = functools.partial(self._transfer, prefix.fd)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._follow(prefix))
             for part in work.missing:
                 await self.window.acquire()
-                task = tg.create_task(self._part(work.file, part, prefix.fd))
+                task = tg.create_task(self._part(work.file, part, into_file))
                 task.add_done_callback(lambda _t: self.window.release())
                 task.add_done_callback(functools.partial(prefix.land, part))
 
@@ -190,8 +219,10 @@ class FetchWindow:
             with fs.storage_errors(self.staging.dir):
                 fs.write_behind(fd, start, hasher.position - start)
 
-    async def _part(self, f: RemoteFile, part: Part, fd: int) -> None:
+    async def _part(self, f: RemoteFile, part: Part, transfer: Callable[[RangeRequest, int], int]) -> None:
         """One ranged GET, retried from the last byte written until it lands or the policy gives up.
+
+        `transfer(request, start)` runs each attempt in a transfer thread.
 
         Every attempt first passes the store's gate. A throttled answer slows the
         gate for every transfer and waits whole seconds (or the store's
@@ -202,7 +233,6 @@ class FetchWindow:
         freshly resolved credentials for a token) and does not count.
         """
         start = part.start
-        loop = asyncio.get_running_loop()
         retries = PartRetries(self.policy)
         expired = 0
         while True:
@@ -211,7 +241,7 @@ class FetchWindow:
             generation = self.credentials_generation
             req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
             try:
-                await in_thread(loop.run_in_executor(self.executor, self._transfer, req, fd, start))
+                await in_thread(self.threads.submit(transfer, req, start))
             except PresignedUrlExpiredError as exc:
                 expired += 1
                 if expired >= MAX_EXPIRED_IN_A_ROW:
@@ -243,13 +273,28 @@ class FetchWindow:
                 continue
             break
         self.gate.succeeded()
-        self.staging.journal.part_written(f.path, part.index)
+        self.staging.journal.part_written(f.path, part.index, part.size_bytes)
 
-    def _transfer(self, req: RangeRequest, fd: int, start: int) -> int:
+    def _transfer(self, fd: int, req: RangeRequest, start: int) -> int:
         """One ranged GET into the file (in a transfer thread); on disk, start writing it back."""
         written = self.fetcher.fetch_into(req, fd, start, self.events.fetched)
         if self.staging.on_disk:
             fs.start_writeback(fd, start, written)
+        return written
+
+    def _transfer_whole(self, f: RemoteFile, hasher: PrefixHasher, req: RangeRequest, start: int) -> int:
+        """A one-part file (in a transfer thread): create it, GET it, hash it, close it.
+
+        The first attempt starts from a new file; a retry resumes in the one it created.
+        Hashed from the page cache once the bytes have landed, as every other file is.
+        """
+        with fs.storage_errors(self.staging.dir / f.path, f.size_bytes):
+            fd = self.staging.open_file(f.path, f.size_bytes, fresh=start == 0, dir_fd=self.staging_fd)
+        try:
+            written = self._transfer(fd, req, start)
+            self._hash(hasher, fd, f.size_bytes)
+        finally:
+            os.close(fd)
         return written
 
     def _note_throttling(self, exc: TransientFetchError) -> None:

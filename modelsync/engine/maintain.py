@@ -178,7 +178,7 @@ def stage_good_files(
                 continue
             layout = layout_bytes(plan_parts(f.size_bytes, part_size_bytes))
             journal.begin_file(f.path, f.etag, f.size_bytes, layout)
-            journal.file_verified(f.path, f.xxh3_128, record.verified_by)
+            journal.file_verified(f.path, f.xxh3_128, record.verified_by, f.size_bytes)
         journal.close()
 
 

@@ -392,7 +392,7 @@ class _Puller:
         if digest.sha256 is not None:
             self.sha256s[f.path] = digest.sha256
         self.fetched[f.path] = f
-        self.staging.journal.file_verified(f.path, digest.xxh3_128, verified_by, digest.sha256)
+        self.staging.journal.file_verified(f.path, digest.xxh3_128, verified_by, f.size_bytes, digest.sha256)
 
     async def _md5_part_bytes(self, f: RemoteFile) -> int | None:
         """How to slice the file for an ETag check, or None when the ETag proves nothing."""

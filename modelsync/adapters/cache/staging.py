@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
 from pathlib import Path, PurePosixPath
@@ -40,22 +41,32 @@ class Staging:
         with contextlib.suppress(FileNotFoundError):
             self.journal.path.unlink()
 
-    def open_file(self, relative: str, size_bytes: int) -> int:
+    def open_file(self, relative: str, size_bytes: int, *, fresh: bool, dir_fd: int | None = None) -> int:
         """Open the staging file for writing at offsets; on disk, space is reserved up front.
+
+        `fresh`: none of its parts is kept, so it starts as a new file and whatever was
+        at its path is unlinked, never written into (see `fs.create_file_beneath`); its
+        writes give it its size, as every byte of it is written before it is hashed.
+        `dir_fd`: the staging directory, already open (a pull opens it once, not once a file).
 
         posix_fallocate alone doubled the time of a 6 GiB pull to XFS and ext4 (unwritten
         extents converted under the inode lock while the page cache filled); with the
         write-behind of engine/pull.py it is as fast as a sparse file or faster
         (docs/perf-lab.md), and it keeps the early ENOSPC.
         """
-        root = fs.open_dir(self.dir)
+        root = fs.open_dir(self.dir) if dir_fd is None else dir_fd
         try:
-            fd = fs.open_file_beneath(root, PurePosixPath(relative), os.O_RDWR | os.O_CREAT)
+            if fresh:
+                fd = fs.create_file_beneath(root, PurePosixPath(relative))
+            else:
+                fd = fs.open_file_beneath(root, PurePosixPath(relative), os.O_RDWR | os.O_CREAT)
         finally:
-            os.close(root)
-        fs.share_with_group(fd)
+            if dir_fd is None:
+                os.close(root)
         try:
-            if os.fstat(fd).st_size != size_bytes:
+            if not (fresh and self._created_shared):
+                fs.share_with_group(fd)
+            if not fresh and os.fstat(fd).st_size != size_bytes:
                 os.ftruncate(fd, size_bytes)
             if size_bytes and self.on_disk:
                 os.posix_fallocate(fd, 0, size_bytes)
@@ -63,6 +74,11 @@ class Staging:
             os.close(fd)
             raise
         return fd
+
+    @functools.cached_property
+    def _created_shared(self) -> bool:
+        """Whether a file this process creates is group-writable already (its umask clears no bit)."""
+        return fs.umask_keeps(fs.FILE_MODE)
 
     def link_from(self, root: Path, source: PurePosixPath, inode: tuple[int, int], relative: str) -> bool:
         """Hard-link `root/source` into staging as `relative` if it is still that inode.

@@ -6,8 +6,8 @@ variant (a modelsync source tree put first on the contender's PYTHONPATH), round
 and records what the kernel saw during each run:
 
 * CPU by thread group: the transfer threads (`modelsync-get_*`), the default executor
-  (`asyncio_*`: the hashers, and the flushes and checks run with `to_thread`) and the event
-  loop, from `/proc/PID/task/*/stat` sampled every 20 ms (the contender names its threads
+  (`modelsync-io_*`: the hashers, and the flushes and checks run with `to_thread`) and the
+  event loop, from `/proc/PID/task/*/stat` sampled every 20 ms (the contender names its threads
   through a `sitecustomize` this probe writes: Python 3.11 leaves them all named after the
   program);
 * bytes read back from the destination's disk (`ru_inblock`), minor and major page faults;
@@ -104,7 +104,7 @@ def thread_group(tid: int, pid: int, comm: str) -> str:
         return "loop"
     if comm.startswith("modelsync-get"):
         return "transfer"
-    return "executor" if comm.startswith("asyncio") else "other"
+    return "executor" if comm.startswith(("modelsync-io", "asyncio")) else "other"
 
 
 class Sampler(threading.Thread):

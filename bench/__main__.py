@@ -10,7 +10,8 @@ import os
 import sys
 
 ENTRIES = {"compare": "compare", "curves": "curves", "scale": "scale", "cache-scale": "cache_scale",
-           "signature": "signature", "signature-tail": "signature_tail", "startup": "startup"}
+           "signature": "signature", "signature-tail": "signature_tail",
+           "signature-probe": "signature_probe", "startup": "startup"}
 
 
 def main(argv: list[str]) -> int:

@@ -3,11 +3,13 @@
 At most `concurrency` GETs are in flight (a semaphore, not batches), each run
 by a transfer thread that writes the body at its offset in the staging file.
 A hasher follows each file's contiguous prefix of landed parts, so when the
-last part lands the file is almost hashed. A small file of one part is made in
-one trip to a transfer thread instead: created, fetched, hashed and closed
-there. Each part is retried from the last byte written until it lands or the
-retry policy gives up; a presigned URL is signed again before it gets old, and
-after the store calls it expired.
+last part lands the file is almost hashed; a part enters the window only while
+the bytes fetched ahead of the hashers stay within the backlog's budget
+(engine/backlog.py), so slow hashing paces the transfers instead of filling the
+page cache. A small file of one part is made in one trip to a transfer thread
+instead: created, fetched, hashed and closed there. Each part is retried from
+the last byte written until it lands or the retry policy gives up; a presigned
+URL is signed again before it gets old, and after the store calls it expired.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from modelsync.core.parts import FileWork, Part, RemoteFile
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import PartRetries, RetryPolicy, presigned_expiry
 from modelsync.core.units import format_bytes, format_duration
+from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.events import PullEvents
 from modelsync.engine.ports import Backends, ObjectStore, RangeFetcher
 from modelsync.engine.tasks import first_error
@@ -51,6 +54,9 @@ HASH_SLOTS = 2
 #: general path cost more CPU than the bytes. It hashes outside the hash slots, so with this
 #: bound each transfer thread maps at most 1 MiB of page cache; larger files gain nothing.
 WHOLE_FILE_MAX_BYTES = 1024 * 1024
+#: bytes a hasher takes per turn of its slot: each turn then frees its share of the backlog and
+#: writes it behind, rather than a lagging hasher holding both until a long stretch is hashed
+HASH_TURN_BYTES = 32 * 1024 * 1024
 #: a presigned URL is signed again once less than this share of its lifetime is left. With
 #: the default 15 min lifetime a URL is used for at most 7.5 min after signing, less than the
 #: 10 min of validity botocore guarantees temporary credentials when it signs (it refreshes
@@ -95,6 +101,8 @@ class FetchWindow:
         #: paces requests when the store throttles; shared by every pull of this process to that store
         self.gate = gate
         self.window = asyncio.Semaphore(settings.concurrency)
+        #: bytes fetched ahead of the hashers, so of page cache held: bounded (engine/backlog.py)
+        self.backlog = Backlog(BACKLOG_WINDOWS * settings.concurrency * settings.part_size_bytes)
         self.hash_slots = asyncio.Semaphore(HASH_SLOTS)
         self.urls: dict[str, str] = {}
         #: the staging directory, opened for the first file (after the pull prepared it) and kept
@@ -148,9 +156,10 @@ class FetchWindow:
     async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> None:
         """The general path: the file open while its parts land in any order and a hasher follows."""
         fd = await self._open(work.file, fresh=not work.done)
+        prefix = _Prefix(work, hasher, fd, FileBacklog(self.backlog))
         try:
             with first_error():
-                await self._fetch_missing(work, _Prefix(work, hasher, fd))
+                await self._fetch_missing(work, prefix)
             if self.staging.on_disk and len(work.parts) > 1:
                 # Flush a large file as it completes, while other files still download,
                 # rather than all of them at publish time (tmpfs has nothing to flush). Its
@@ -159,6 +168,7 @@ class FetchWindow:
                 # small files would each pay a journal commit here.
                 await asyncio.to_thread(fs.sync_data, fd, self.staging.dir / work.file.path)
         finally:
+            prefix.backlog.close()
             os.close(fd)
 
     async def _open(self, f: RemoteFile, fresh: bool) -> int:
@@ -184,6 +194,7 @@ class FetchWindow:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._follow(prefix))
             for part in work.missing:
+                await prefix.backlog.admit(part)
                 await self.window.acquire()
                 task = tg.create_task(self._part(work.file, part, into_file))
                 task.add_done_callback(lambda _t: self.window.release())
@@ -194,7 +205,7 @@ class FetchWindow:
         self.hash_slots = asyncio.Semaphore(sha256_slots())
 
     async def _follow(self, prefix: _Prefix) -> None:
-        """Hash each stretch of the file as soon as every part before its end has landed."""
+        """Hash each stretch of the file as soon as every part before its end has landed, a turn at a time."""
         loop = asyncio.get_running_loop()
         hasher = prefix.hasher
         while hasher.position < hasher.size_bytes:
@@ -202,7 +213,9 @@ class FetchWindow:
             prefix.grew.clear()
             while hasher.position < prefix.end:
                 async with self.hash_slots:
-                    await in_thread(loop.run_in_executor(None, self._hash, hasher, prefix.fd, prefix.end))
+                    end = min(prefix.end, hasher.position + HASH_TURN_BYTES)
+                    await in_thread(loop.run_in_executor(None, self._hash, hasher, prefix.fd, end))
+                prefix.backlog.hashed(hasher.position)
 
     def _hash(self, hasher: PrefixHasher, fd: int, end: int) -> None:
         """Hash up to `end` (in a worker thread); on disk, then write the hashed range behind.
@@ -342,9 +355,10 @@ class FetchWindow:
 class _Prefix:
     """How far from the front a file's parts have all landed, for its hasher to follow."""
 
-    def __init__(self, work: FileWork, hasher: PrefixHasher, fd: int) -> None:
+    def __init__(self, work: FileWork, hasher: PrefixHasher, fd: int, backlog: FileBacklog) -> None:
         self.hasher = hasher
         self.fd = fd
+        self.backlog = backlog
         self.grew = asyncio.Event()
         self._parts = work.parts
         self._landed = set(work.done)

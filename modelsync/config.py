@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelsync.config_values import (
     CacheBudget,
@@ -49,6 +49,9 @@ from modelsync.core.signature import (
 )
 from modelsync.core.units import parse_duration, parse_rate, parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from modelsync.core.retry import RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,14 @@ class Settings:
     def requires_signature(self, ref: ModelRef) -> bool:
         """Whether only a model whose signature was verified may be served as `ref`."""
         return self.signature_rule(ref).mode is Mode.REQUIRED
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry schedule both planes follow (budget, attempts, floor)."""
+        from modelsync.core.retry import RetryPolicy  # here: commands that never fetch need not load it
+
+        return RetryPolicy(budget_s=self.retry_budget_s, attempts=self.part_attempts).scaled(
+            self.backoff_floor_s / RetryPolicy().throttle_floor_s
+        )
 
 
 def check_ca_bundle(path: str) -> None:

@@ -18,7 +18,6 @@ import datetime as dt
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -31,6 +30,7 @@ from botocore.exceptions import (
 
 from modelsync.adapters.s3_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
 from modelsync.config import Settings, sdk_verify
+from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
 from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
@@ -43,14 +43,6 @@ from modelsync.errors import (
 )
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    key: str
-    size_bytes: int
-    #: without quotes
-    etag: str
 
 
 def _strip(etag: str) -> str:
@@ -295,13 +287,6 @@ class CachedPresigner:
             self._bases[bucket] = (target[: -len(suffix) + 1], signer)
 
 
-def retry_policy(settings: Settings) -> RetryPolicy:
-    """The retry schedule both planes follow, from the settings (budget, attempts, floor)."""
-    return RetryPolicy(budget_s=settings.retry_budget_s, attempts=settings.part_attempts).scaled(
-        settings.backoff_floor_s / RetryPolicy().throttle_floor_s
-    )
-
-
 def client_config(settings: Settings) -> AioConfig:
     return AioConfig(
         signature_version="s3v4",
@@ -334,4 +319,4 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
         config=client_config(settings),
         verify=verify,
     ) as client:
-        yield S3(client, retry_policy(settings))
+        yield S3(client, settings.retry_policy())

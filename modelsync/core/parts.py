@@ -26,6 +26,16 @@ class Part:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object as the store lists or heads it."""
+
+    key: str
+    size_bytes: int
+    #: without quotes
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
 class RemoteFile:
     """One object of the model, as the manifest or the listing describes it."""
 

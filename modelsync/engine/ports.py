@@ -18,7 +18,7 @@ from modelsync.core.refs import ModelRef
 
 if TYPE_CHECKING:  # importing the S3 stack would slow a warm `pull` that never fetches
     from modelsync.adapters.ranged_http import RangeRequest
-    from modelsync.adapters.s3 import ObjectInfo
+    from modelsync.core.parts import ObjectInfo
 
 
 class ObjectStore(Protocol):

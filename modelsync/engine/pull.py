@@ -30,11 +30,18 @@ from typing import NamedTuple
 
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
-from modelsync.adapters.s3 import ObjectInfo, retry_policy
 from modelsync.config import Settings
 from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
-from modelsync.core.parts import FileWork, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
+from modelsync.core.parts import (
+    FileWork,
+    ObjectInfo,
+    PullPlan,
+    RemoteFile,
+    layout_bytes,
+    plan_parts,
+    plan_pull,
+)
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes
@@ -210,7 +217,7 @@ class _Puller:
             self.backends = backends
             if self.aborted:
                 backends.fetcher.close()
-            policy = retry_policy(self.settings)
+            policy = self.settings.retry_policy()
             gate = store_gate(self.settings.endpoint_url or f"aws:{self.settings.region}", policy.time_scale)
             self.window = FetchWindow(
                 self.settings, self.ref, backends, self.staging, self.events, policy, gate

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import xxhash
 
 from modelsync.adapters.ranged_http import RangeRequest
-from modelsync.adapters.s3 import ObjectInfo
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
+from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
 from modelsync.engine.ports import Backends, OpenBackends
 from modelsync.errors import NotFoundError, ObjectChangedError, TransientFetchError

@@ -235,7 +235,7 @@ def test_anything_but_the_range_asked_for_is_refused(
 
 
 def test_the_request_head_asks_for_the_range_of_that_version() -> None:
-    assert render_request("s3:9000", "/b/k?X-Amz-Signature=x", 10, 19, "abc-2", {"X-Trace": "1"}) == (
+    assert render_request("s3:9000", "/b/k?X-Amz-Signature=x", (10, 19), "abc-2", {"X-Trace": "1"}) == (
         b"GET /b/k?X-Amz-Signature=x HTTP/1.1\r\nHost: s3:9000\r\nRange: bytes=10-19\r\n"
         b'Accept-Encoding: identity\r\nUser-Agent: modelsync\r\nIf-Match: "abc-2"\r\nX-Trace: 1\r\n\r\n'
     )
@@ -243,17 +243,17 @@ def test_the_request_head_asks_for_the_range_of_that_version() -> None:
 
 @pytest.mark.parametrize("etag", ['"abc"', "abc"])
 def test_if_match_is_always_one_quoted_entity_tag(etag: str) -> None:
-    assert b'\r\nIf-Match: "abc"\r\n' in render_request("h", "/", 0, 0, etag, {})
+    assert b'\r\nIf-Match: "abc"\r\n' in render_request("h", "/", (0, 0), etag, {})
 
 
 def test_without_an_etag_there_is_no_if_match() -> None:
-    assert b"If-Match" not in render_request("h", "/", 0, 0, None, {})
+    assert b"If-Match" not in render_request("h", "/", (0, 0), None, {})
 
 
 @pytest.mark.parametrize(("name", "value"), [("X-A", "1\r\nX-Evil: 2"), ("X-A\n", "1"), ("X-A", "1\r")])
 def test_a_line_break_in_a_header_is_refused(name: str, value: str) -> None:
     with pytest.raises(ValueError, match="line break"):
-        render_request("h", "/", 0, 0, None, {name: value})
+        render_request("h", "/", (0, 0), None, {name: value})
 
 
 # ---- what a refusal means -------------------------------------------------------------------

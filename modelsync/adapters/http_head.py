@@ -53,23 +53,19 @@ class ResponseHead:
 def render_request(
     netloc: str,
     target: str,
-    first_byte: int,
-    last_byte: int,
+    byte_range: tuple[int, int] | None,
     etag: str | None,
     headers: Mapping[str, str],
 ) -> bytes:
-    """The head of a GET of bytes ``[first_byte, last_byte]`` of ``target`` at ``netloc``.
+    """The head of a GET of ``target`` at ``netloc``: bytes ``[first, last]`` of it, or all of it.
 
     ``etag`` becomes a quoted ``If-Match`` (RFC 9110 entity tag; nginx refuses the
     bare form with 412). A line break in a header would split the request: refused.
     """
-    lines = [
-        f"GET {target} HTTP/1.1",
-        f"Host: {netloc}",
-        f"Range: bytes={first_byte}-{last_byte}",
-        "Accept-Encoding: identity",
-        "User-Agent: modelsync",
-    ]
+    lines = [f"GET {target} HTTP/1.1", f"Host: {netloc}"]
+    if byte_range is not None:
+        lines.append(f"Range: bytes={byte_range[0]}-{byte_range[1]}")
+    lines += ["Accept-Encoding: identity", "User-Agent: modelsync"]
     if etag is not None:
         lines.append(f'If-Match: "{etag.strip(chr(34))}"')
     for name, value in headers.items():

@@ -32,16 +32,15 @@ a cancelled pull stops at once even when every transfer is stalled.
 
 from __future__ import annotations
 
-import errno
-import os
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TypeVar
 
+from modelsync.adapters.body_copy import RateLimiter, receive_into_file, transient_error
 from modelsync.adapters.http_conns import Conn, Connections
 from modelsync.adapters.http_head import (
     MAX_HEAD_BYTES,
@@ -58,8 +57,6 @@ from modelsync.adapters.http_route import (
 )
 from modelsync.adapters.range_answer import error_for_answer
 from modelsync.errors import (
-    DiskFullError,
-    LocalStorageError,
     TransientFetchError,
     UnexpectedResponseError,
 )
@@ -68,12 +65,23 @@ __all__ = [
     "RangeClient",
     "RangeRequest",
     "RateLimiter",
+    "SmallAnswer",
     "environ_proxy",
     "make_ssl_context",
 ]
 
 #: Error bodies longer than this are not read; the connection is dropped instead.
 MAX_ERROR_BODY_BYTES = 64 * 1024
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class SmallAnswer:
+    """A whole answer read into memory (``RangeClient.get_small``); header names are lower-case."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +97,6 @@ class RangeRequest:
     end: int
     etag: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
-
-
-class RateLimiter(Protocol):
-    """A shared bandwidth cap; ``consume`` blocks until ``n_bytes`` may pass."""
-
-    def consume(self, n_bytes: int) -> None: ...
 
 
 class _ThreadBuffer(threading.local):
@@ -157,18 +159,74 @@ class RangeClient:
         """
         if not 0 <= req.start < req.end:
             raise ValueError(f"empty or negative range [{req.start}, {req.end})")
+
+        def answer(conn: Conn, head: ResponseHead, filled: int, proxy: Proxy | None) -> int | Exception:
+            if head.status not in (200, 206):
+                return self._error_for_status(conn, head, filled, req, proxy)
+            check_range_head(head, req.start, req.end)
+            want = req.end - req.start
+            early = filled - head.body_start
+            if early > want:
+                raise UnexpectedResponseError("server sent more bytes than the range")
+            buf = self._buffer()
+            buf[:early] = bytes(buf[head.body_start : filled])  # body bytes that came with the head go first
+            tcp = self._wait_all and not isinstance(conn.sock, ssl.SSLSocket)
+            flags = socket.MSG_WAITALL if tcp else 0
+            return receive_into_file(
+                conn.sock, buf, early, want, fd, file_offset, flags, self._limiter, on_progress
+            )
+
+        return self._exchange(req.url, (req.start, req.end - 1), req.etag, req.headers, answer)
+
+    def get_small(self, url: str, limit_bytes: int) -> SmallAnswer:
+        """GET a whole small object (a manifest) into memory; every status is returned, not raised.
+
+        The control plane's reads need the answer itself: a missing key is not an
+        error there. A 200 must carry all its body, framed by Content-Length and
+        at most ``limit_bytes``, else UnexpectedResponseError; an error's body is
+        read up to MAX_ERROR_BODY_BYTES. A failed connection raises
+        TransientFetchError, as for a range.
+        """
+
+        def answer(conn: Conn, head: ResponseHead, filled: int, _: Proxy | None) -> SmallAnswer | Exception:
+            limit = limit_bytes if head.status == 200 else MAX_ERROR_BODY_BYTES
+            body = self._read_small_body(conn, head, filled, limit)
+            if head.status == 200 and (body is None or len(body) != int(head.headers["content-length"])):
+                length = head.headers.get("content-length")
+                return UnexpectedResponseError(
+                    f"{url.split('?', 1)[0]}: a body of {length or 'unframed'} bytes, not a whole "
+                    f"object of at most {limit_bytes}"
+                )
+            return SmallAnswer(head.status, head.headers, body or b"")
+
+        return self._exchange(url, None, None, {}, answer)
+
+    def _exchange(
+        self,
+        url: str,
+        byte_range: tuple[int, int] | None,
+        etag: str | None,
+        headers: Mapping[str, str],
+        answer: Callable[[Conn, ResponseHead, int, Proxy | None], _T | Exception],
+    ) -> _T:
+        """One GET on this thread's connection: send, read the head, let ``answer`` read the rest.
+
+        A reused connection found dead before any response byte is replaced
+        once. ``answer``'s outcome is raised when it is an exception, after the
+        connection was kept or dropped: an error answer whose small body was
+        read leaves the connection usable.
+        """
         if self._conns.closed:
             raise RuntimeError("RangeClient is closed")
-        endpoint, target = parse_url(req.url)
-        proxy = self._conns.proxy(endpoint, req.url)
+        endpoint, target = parse_url(url)
+        proxy = self._conns.proxy(endpoint, url)
         extra: dict[str, str] = {}
         if proxy is not None and endpoint.scheme == "http":
             # Through a forward proxy, plain http asks for the absolute URL (RFC 9112 3.2.2).
             target = f"http://{endpoint.netloc}{target}"
             if proxy.authorization:
                 extra["Proxy-Authorization"] = proxy.authorization
-        headers = {**req.headers, **extra}
-        request = render_request(endpoint.netloc, target, req.start, req.end - 1, req.etag, headers)
+        request = render_request(endpoint.netloc, target, byte_range, etag, {**headers, **extra})
         for attempt in (1, 2):
             conn = self._conns.get(endpoint)
             try:
@@ -186,13 +244,7 @@ class RangeClient:
                 self._conns.drop(endpoint)
                 raise
             try:
-                outcome: int | Exception
-                if head.status in (200, 206):
-                    check_range_head(head, req.start, req.end)
-                    want = req.end - req.start
-                    outcome = self._receive_body(conn, head, filled, want, fd, file_offset, on_progress)
-                else:  # an error answer whose small body was read leaves the connection usable
-                    outcome = self._error_for_status(conn, head, filled, req, proxy)
+                outcome = answer(conn, head, filled, proxy)
             except BaseException:
                 self._conns.drop(endpoint)
                 raise
@@ -233,9 +285,9 @@ class RangeClient:
         except (BrokenPipeError, ConnectionResetError) as exc:
             if conn.reused:
                 raise _StaleConnection from exc
-            raise _transient(exc, 0) from exc
+            raise transient_error(exc, 0) from exc
         except OSError as exc:
-            raise _transient(exc, 0) from exc
+            raise transient_error(exc, 0) from exc
         filled = 0
         while True:
             try:
@@ -243,9 +295,9 @@ class RangeClient:
             except ConnectionResetError as exc:
                 if conn.reused and filled == 0:
                     raise _StaleConnection from exc
-                raise _transient(exc, 0) from exc
+                raise transient_error(exc, 0) from exc
             except OSError as exc:
-                raise _transient(exc, 0) from exc
+                raise transient_error(exc, 0) from exc
             if n == 0:
                 if conn.reused and filled == 0:
                     raise _StaleConnection
@@ -259,66 +311,10 @@ class RangeClient:
                 if head is not None:
                     return head, filled
 
-    def _receive_body(
-        self,
-        conn: Conn,
-        head: ResponseHead,
-        filled: int,
-        want: int,
-        fd: int,
-        file_offset: int,
-        on_progress: Callable[[int], None] | None,
-    ) -> int:
-        """Receive ``want`` body bytes into the thread buffer, pwrite each full buffer."""
-        buf = self._buffer()
-        cap = len(buf)
-        early = filled - head.body_start
-        if early > want:
-            raise UnexpectedResponseError("server sent more bytes than the range")
-        # Body bytes that arrived with the head move to the front of the buffer.
-        buf[:early] = bytes(buf[head.body_start : filled])
-        fill = early
-        remaining = want - early
-        written = 0
-        sock = conn.sock
-        flags = socket.MSG_WAITALL if self._wait_all and not isinstance(sock, ssl.SSLSocket) else 0
-        limiter = self._limiter
-        while remaining > 0:
-            ask = min(cap - fill, remaining)
-            try:
-                n = sock.recv_into(buf[fill : fill + ask], ask, flags)
-            except OSError as exc:
-                written += _pwrite_all(fd, buf[:fill], file_offset + written)
-                raise _transient(exc, written) from exc
-            if n == 0:
-                written += _pwrite_all(fd, buf[:fill], file_offset + written)
-                raise TransientFetchError(
-                    f"body ended after {written} of {want} bytes",
-                    bytes_written=written,
-                    reason="truncated",
-                )
-            if limiter is not None:
-                limiter.consume(n)
-            fill += n
-            remaining -= n
-            if fill == cap:
-                written += self._flush(fd, buf[:fill], file_offset + written, on_progress)
-                fill = 0
-        if fill:  # the tail, or a body that arrived whole with the head
-            written += self._flush(fd, buf[:fill], file_offset + written, on_progress)
-        return written
-
-    @staticmethod
-    def _flush(fd: int, data: memoryview, offset: int, on_progress: Callable[[int], None] | None) -> int:
-        n = _pwrite_all(fd, data, offset)
-        if on_progress is not None:
-            on_progress(n)
-        return n
-
     def _error_for_status(
         self, conn: Conn, head: ResponseHead, filled: int, req: RangeRequest, proxy: Proxy | None
     ) -> Exception:
-        body = self._read_error_body(conn, head, filled)
+        body = self._read_small_body(conn, head, filled, MAX_ERROR_BODY_BYTES) or b""
         return error_for_answer(
             head.status,
             head.headers,
@@ -329,12 +325,13 @@ class RangeClient:
             now=time.time(),
         )
 
-    def _read_error_body(self, conn: Conn, head: ResponseHead, filled: int) -> bytes:
-        """Read a small error body, which keeps the connection; a large or unframed one drops it."""
+    def _read_small_body(self, conn: Conn, head: ResponseHead, filled: int, limit_bytes: int) -> bytes | None:
+        """Read a body of at most ``limit_bytes``, which keeps the connection; None for a larger or
+        unframed one, whose connection is dropped. A body cut short is returned as far as it came."""
         length_text = head.headers.get("content-length")
-        if length_text is None or int(length_text) > MAX_ERROR_BODY_BYTES:
+        if length_text is None or int(length_text) > limit_bytes:
             head.keep_alive = False
-            return b""
+            return None
         length = int(length_text)
         buf = self._buffer()
         have = filled - head.body_start
@@ -350,32 +347,3 @@ class RangeClient:
         if len(body) < length or have > length:
             head.keep_alive = False
         return bytes(body)
-
-
-# -- helpers -------------------------------------------------------------------
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
-    done = 0
-    total = len(data)
-    while done < total:
-        try:
-            n = os.pwrite(fd, data[done:], offset + done)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError(f"no space left writing the download: {exc}") from exc
-            raise LocalStorageError(f"cannot write the download: {exc}") from exc
-        if n == 0:
-            raise LocalStorageError("pwrite wrote nothing")
-        done += n
-    return total
-
-
-def _transient(exc: OSError, written: int) -> TransientFetchError:
-    if isinstance(exc, TimeoutError | BlockingIOError):
-        reason = "timeout"
-    elif isinstance(exc, ConnectionError):
-        reason = "reset"
-    else:
-        reason = "io"
-    return TransientFetchError(f"{reason}: {exc}", bytes_written=written, reason=reason)

@@ -1,0 +1,105 @@
+"""A response body from a socket into a file at its offset: the data plane's copy loop.
+
+Two copies and no more: the kernel fills one preallocated buffer per thread
+(``recv_into``, with ``MSG_WAITALL`` on plain TCP so one call fills it), and
+``os.pwrite`` writes each full buffer at its offset; both release the GIL. A
+body that breaks off still leaves every byte received on disk, and the error
+says how many, so the caller resumes exactly there.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Callable
+from typing import Protocol
+
+from modelsync.errors import DiskFullError, LocalStorageError, TransientFetchError
+
+
+class RateLimiter(Protocol):
+    """A shared bandwidth cap; ``consume`` blocks until ``n_bytes`` may pass."""
+
+    def consume(self, n_bytes: int) -> None: ...
+
+
+def receive_into_file(
+    sock: socket.socket,
+    buf: memoryview,
+    early: int,
+    want: int,
+    fd: int,
+    file_offset: int,
+    flags: int,
+    limiter: RateLimiter | None,
+    on_progress: Callable[[int], None] | None,
+) -> int:
+    """Receive ``want`` body bytes through ``buf`` (its first ``early`` already there) into ``fd``.
+
+    Writes each full buffer at its offset; returns the bytes written (``want``).
+    ``on_progress`` is called with each batch written.
+    """
+    cap = len(buf)
+    fill = early
+    remaining = want - early
+    written = 0
+    while remaining > 0:
+        ask = min(cap - fill, remaining)
+        try:
+            n = sock.recv_into(buf[fill : fill + ask], ask, flags)
+        except OSError as exc:
+            written += pwrite_all(fd, buf[:fill], file_offset + written)
+            raise transient_error(exc, written) from exc
+        if n == 0:
+            written += pwrite_all(fd, buf[:fill], file_offset + written)
+            raise TransientFetchError(
+                f"body ended after {written} of {want} bytes",
+                bytes_written=written,
+                reason="truncated",
+            )
+        if limiter is not None:
+            limiter.consume(n)
+        fill += n
+        remaining -= n
+        if fill == cap:
+            written += _flush(fd, buf[:fill], file_offset + written, on_progress)
+            fill = 0
+    if fill:  # the tail, or a body that arrived whole with the head
+        written += _flush(fd, buf[:fill], file_offset + written, on_progress)
+    return written
+
+
+def _flush(fd: int, data: memoryview, offset: int, on_progress: Callable[[int], None] | None) -> int:
+    n = pwrite_all(fd, data, offset)
+    if on_progress is not None:
+        on_progress(n)
+    return n
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset``; a full disk is DiskFullError, else LocalStorageError."""
+    done = 0
+    total = len(data)
+    while done < total:
+        try:
+            n = os.pwrite(fd, data[done:], offset + done)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"no space left writing the download: {exc}") from exc
+            raise LocalStorageError(f"cannot write the download: {exc}") from exc
+        if n == 0:
+            raise LocalStorageError("pwrite wrote nothing")
+        done += n
+    return total
+
+
+def transient_error(exc: OSError, written: int) -> TransientFetchError:
+    """A socket failure as a retryable error that says how many bytes of the range were written."""
+    if isinstance(exc, TimeoutError | BlockingIOError):
+        reason = "timeout"
+    elif isinstance(exc, ConnectionError):
+        reason = "reset"
+    else:
+        reason = "io"
+    return TransientFetchError(f"{reason}: {exc}", bytes_written=written, reason=reason)

@@ -8,8 +8,10 @@ planes always agree: a CONNECT tunnel for https, absolute-form requests for http
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import ssl
+import sys
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -57,8 +59,15 @@ def environ_proxy(url: str) -> str | None:
     """The proxy botocore's control plane uses for ``url``, or None for a direct route.
 
     Resolved by botocore's own functions from ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
-    ``NO_PROXY`` (and their lower-case forms), so both planes always agree.
+    ``NO_PROXY`` (and their lower-case forms), so both planes always agree. On
+    Linux those functions read nothing but ``<scheme>_proxy`` in any case for
+    ``url``'s scheme (urllib's ``getproxies``), so without such a variable the
+    answer is "direct" and botocore is not imported: a pull that never needs the
+    S3 SDK does not load it for this.
     """
+    scheme = f"{url.partition(':')[0].lower()}_proxy"
+    if sys.platform == "linux" and not any(v and k.lower() == scheme for k, v in os.environ.items()):
+        return None
     from botocore.httpsession import ProxyConfiguration
     from botocore.utils import get_environ_proxies
 

@@ -24,7 +24,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from modelsync.core.retry import Verdict, classify
+from modelsync.core.retry import Verdict, classify, missing_object
 from modelsync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -125,4 +125,4 @@ def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
 def is_missing_key(exc: ClientError) -> bool:
     """A missing object (not a missing bucket): decided on S3's error code, not on the message."""
     code, status = code_and_status(exc)
-    return code != "NoSuchBucket" and classify(status, code or None) is Verdict.NOT_FOUND
+    return missing_object(status, code or None)

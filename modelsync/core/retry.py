@@ -34,6 +34,7 @@ __all__ = [
     "Verdict",
     "backoff_s",
     "classify",
+    "missing_object",
     "presigned_expiry",
 ]
 
@@ -123,6 +124,11 @@ def classify(status: int, code: str | None = None, *, url_expired: bool = False)
     if code in _RETRY_CODES or status == 408 or (status >= 500 and status not in _NEVER_RETRIED_5XX):
         return Verdict.RETRY
     return Verdict.INVALID
+
+
+def missing_object(status: int, code: str | None = None) -> bool:
+    """A missing key, not a missing bucket: a manifest that is not there, which is no error."""
+    return code != "NoSuchBucket" and classify(status, code) is Verdict.NOT_FOUND
 
 
 # -- backoff --------------------------------------------------------------------------

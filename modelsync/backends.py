@@ -1,7 +1,17 @@
-"""The production backends of a pull: aiobotocore for the control plane, the range client for the bytes.
+"""The production backends of a pull: the object store and the range client for the bytes.
 
 Built here, at the edge, and passed into the engine (engine/ports.py): the
 engine never constructs a client, so its tests run against in-memory fakes.
+
+Every pull opens the same backends: the init container's plain `pull`, the full
+command line, `prefetch`, `verify --repair` and the daemon. One code path, so a
+route that works (or fails) for one works (or fails) the same way for all. The
+object store is `adapters/data_plane_store.py` wherever the environment's static
+keys and a path-style endpoint let it sign requests itself: a model with a
+manifest is then pulled without importing or opening the S3 SDK, which is most
+of a cold pull's start-up (the daemon, which has the SDK loaded already, still
+saves creating a client per pull). Elsewhere (credentials from a profile, web
+identity or an instance role; AWS's own endpoints) it is aiobotocore's, as before.
 """
 
 from __future__ import annotations
@@ -15,35 +25,36 @@ from modelsync.engine.throttle import TokenBucket
 
 
 def s3_backends(settings: Settings) -> OpenBackends:
-    """Opens, for each pull, an S3 client and a range client configured from `settings`.
+    """Opens, for each pull, an object store and a range client configured from `settings`.
 
     Each pull gets its own range client: closing it is how a cancelled pull
-    aborts its transfers. The bandwidth cap is per pull, as the plan assumes.
+    aborts its transfers (the manifest's GET included). The bandwidth cap is
+    per pull, as the plan assumes.
     """
 
     @contextlib.asynccontextmanager
     async def open_backends() -> AsyncIterator[Backends]:
-        # here, not at the top: a `pull` of a ready model imports neither the S3 SDK nor TLS
+        # here, not at the top: a `pull` of a ready model imports neither the store nor TLS
+        from modelsync.adapters.data_plane_store import open_store
         from modelsync.adapters.ranged_http import RangeClient, make_ssl_context
-        from modelsync.adapters.s3 import open_s3
 
-        async with open_s3(settings) as s3:
-            https = (settings.endpoint_url or "https://").startswith("https")
-            if https and settings.ca_bundle and not settings.insecure:
-                check_ca_bundle(settings.ca_bundle)  # the file may have changed since the settings were read
-            limit = settings.max_bandwidth_bytes_per_s
-            client = RangeClient(
-                ssl_context=make_ssl_context(ca_bundle=settings.ca_bundle, insecure=settings.insecure)
-                if https
-                else None,
-                connect_timeout_s=settings.connect_timeout_s,
-                read_timeout_s=settings.read_timeout_s,
-                buffer_bytes=settings.read_chunk_bytes,
-                rate_limiter=TokenBucket(limit) if limit else None,
-            )
-            try:
-                yield Backends(store=s3, fetcher=client)
-            finally:
-                client.close()
+        https = (settings.endpoint_url or "https://").startswith("https")
+        if https and settings.ca_bundle and not settings.insecure:
+            check_ca_bundle(settings.ca_bundle)  # the file may have changed since the settings were read
+        limit = settings.max_bandwidth_bytes_per_s
+        client = RangeClient(
+            ssl_context=make_ssl_context(ca_bundle=settings.ca_bundle, insecure=settings.insecure)
+            if https
+            else None,
+            connect_timeout_s=settings.connect_timeout_s,
+            read_timeout_s=settings.read_timeout_s,
+            buffer_bytes=settings.read_chunk_bytes,
+            rate_limiter=TokenBucket(limit) if limit else None,
+        )
+        try:
+            async with open_store(settings, client) as store:
+                yield Backends(store=store, fetcher=client)
+        finally:
+            client.close()
 
     return open_backends

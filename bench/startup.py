@@ -1,15 +1,18 @@
-"""Where a cold pull's start-up goes, and what fetching the manifest on the data plane would save.
+"""Where a cold pull's start-up goes, and what fetching the manifest on the data plane saves.
 
-A cold `modelsync pull` spends most of its time before the first ranged GET importing the
-S3 control plane (aiobotocore, aiohttp, botocore) and creating its client, only to GET one
+A cold `modelsync pull` used to spend most of its time before the first ranged GET importing
+the S3 control plane (aiobotocore, aiohttp, botocore) and creating its client, only to GET one
 small manifest. This entry point times, in fresh processes interleaved round by round, the
-milestones from spawn to "manifest in hand" two ways:
+milestones from spawn to "manifest in hand" three ways:
 
-* `control-plane`: what a pull does today: import the engine, open the aiobotocore client,
-  GET the manifest through it;
-* `data-plane`: what a lean start could do: import only the warm path, the ranged-GET client
-  and the SigV4 signer, presign the manifest's URL with the environment's credentials and
-  GET it over plain HTTP (the ranged GETs that follow need nothing more).
+* `control-plane`: a pull through the SDK's store (adapters/s3.py), as every pull ran before
+  the data-plane store and as one still runs without static keys: import the engine, open
+  the aiobotocore client, GET the manifest through it;
+* `pull`: what a pull does now: import the engine, open the backends a pull opens
+  (backends.s3_backends, whose store is adapters/data_plane_store.py with static keys) and
+  GET the manifest through its store;
+* `data-plane`: the floor: import only the warm path and the ranged-GET client, presign the
+  manifest's URL with core.sigv4 and GET it with http.client.
 
 Milestones are epoch times printed by the child and compared with the launcher's spawn time;
 CPU is the child's (wait4). The data-plane variant is a measurement, not the engine's code.
@@ -26,7 +29,7 @@ import statistics
 import sys
 import time
 
-VARIANTS = ("control-plane", "data-plane")
+VARIANTS = ("control-plane", "pull", "data-plane")
 
 
 def child(variant: str, url: str, bucket: str, key: str) -> dict[str, float]:
@@ -49,6 +52,25 @@ def child(variant: str, url: str, bucket: str, key: str) -> dict[str, float]:
                 return await s3.get_manifest(ref, key.rpartition("/")[2])
 
         data = asyncio.run(fetch())
+    elif variant == "pull":
+        import asyncio
+        import importlib
+
+        from modelsync.backends import s3_backends
+        from modelsync.config import Settings
+        from modelsync.core.refs import parse_source
+
+        for module in ("modelsync.warm", "modelsync.engine.ensure", "modelsync.engine.pull"):
+            importlib.import_module(module)  # what a cold pull imports
+        marks["imported"] = time.time()
+
+        async def fetch_as_a_pull() -> bytes | None:
+            async with s3_backends(Settings(endpoint_url=url))() as backends:
+                marks["client"] = time.time()
+                ref = parse_source(f"s3://{bucket}/{key.rpartition('/')[0]}/")
+                return await backends.store.get_manifest(ref, key.rpartition("/")[2])
+
+        data = asyncio.run(fetch_as_a_pull())
     else:
         import datetime as dt
         import http.client

@@ -106,8 +106,7 @@ def models_of(doc: dict[str, object]) -> dict[str, dict[str, object]]:
 
 def object_gets(proxy: FaultProxy) -> set[str]:
     """The files whose bytes were fetched (presigned ranged GETs), by name."""
-    gets = proxy.requests(method="GET")
-    return {r.path.split("?")[0].rsplit("/", 1)[-1] for r in gets if "X-Amz-Signature" in r.path}
+    return {r.path.split("?")[0].rsplit("/", 1)[-1] for r in proxy.object_gets()}
 
 
 def damage(path: Path, how: str) -> None:

@@ -70,7 +70,7 @@ def model_ref(bucket: str) -> ModelRef:
 
 def data_gets(proxy: FaultProxy, name: str = KEY_NAME) -> list[RequestRecord]:
     """Ranged GETs of one object's body (presigned data-plane requests)."""
-    return [r for r in proxy.requests(name, method="GET") if "X-Amz-Signature" in r.path]
+    return proxy.object_gets(name)
 
 
 def range_start(record: RequestRecord) -> int:
@@ -579,8 +579,7 @@ def test_pull_refuses_an_unsafe_key_before_writing_any_byte(
     assert info.value.exit_code == ExitCode.INTEGRITY
     assert repr(suffix) in str(info.value)
     # Only the manifest probe and the listing went out: no object body was asked for.
-    bodies = [r for r in fault_proxy.requests(method="GET") if "X-Amz-Signature" in r.path]
-    assert bodies == []
+    assert fault_proxy.object_gets() == []
     assert fault_proxy.requests(method="HEAD") == []
     assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
     assert not (settings.cache_dir / STATE_DIR / "staging" / model_ref(bucket).slug).exists()
@@ -631,7 +630,7 @@ def test_pull_refuses_a_malformed_manifest_with_the_reason(
 
     assert info.value.exit_code == ExitCode.INTEGRITY
     assert reason in str(info.value)
-    assert [r for r in fault_proxy.requests(method="GET") if "X-Amz-Signature" in r.path] == []
+    assert fault_proxy.object_gets() == []
     assert_failed_cleanly(tmp_path, settings, model_ref(bucket))
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 from botocore.client import BaseClient
+from botocore.httpsession import ProxyConfiguration
+from botocore.utils import get_environ_proxies
 from support.tinyproxy import TinyProxy, tinyproxy_binary
 
 from modelsync.adapters.ranged_http import RangeClient, RangeRequest, environ_proxy, make_ssl_context
@@ -256,6 +258,44 @@ def test_without_wait_all_the_body_still_arrives_whole(target: int) -> None:
     with ScriptedServer([serve_range]) as server, _client(wait_all=False) as client:
         client.fetch_into(RangeRequest(server.url(), 5, len(DATA), None), target, 5)
     assert _read(target, 5, len(DATA)) == DATA[5:]
+
+
+# ---- a whole small object (a manifest) ---------------------------------------------------
+
+
+def test_a_small_object_is_read_whole_without_a_range_on_the_same_connection() -> None:
+    manifest = b'{"format": "modelsync-manifest"}'
+    ok = answer("200 OK", body=manifest)
+    with ScriptedServer([ok, ok]) as server, _client() as client:
+        assert [client.get_small(server.url(), 1024).body for _ in range(2)] == [manifest, manifest]
+        assert server.connections == 1
+        assert b"\r\nRange:" not in server.requests[0]
+
+
+def test_a_small_objects_error_answer_is_returned_with_its_body_not_raised() -> None:
+    missing = answer("404 Not Found", body=s3_error("NoSuchKey", "gone"))
+    with ScriptedServer([missing]) as server, _client() as client:
+        got = client.get_small(server.url(), 1024)
+    assert (got.status, got.body) == (404, s3_error("NoSuchKey", "gone"))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        answer("200 OK", body=b"x" * 2048),  # larger than asked for
+        lambda conn, head: conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        or True,
+        lambda conn, head: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort") and False,
+    ],
+    ids=["too-large", "unframed", "cut-short"],
+)
+def test_a_small_object_that_is_not_whole_and_framed_is_refused(reply: Reply) -> None:
+    with (
+        ScriptedServer([reply]) as server,
+        _client() as client,
+        pytest.raises(UnexpectedResponseError, match="not a whole object of at most 1024"),
+    ):
+        client.get_small(server.url(), 1024)
 
 
 # ---- faults --------------------------------------------------------------------------
@@ -625,17 +665,23 @@ def test_tls_stall_times_out(tls_files: tuple[Path, Path], target: int) -> None:
             {"HTTPS_PROXY": "http://p:3128", "NO_PROXY": "other.example"},
             "http://p:3128",
         ),
+        # without a variable for the URL's scheme the answer is known without botocore
+        ("https://s3.example/b/k", {}, None),
+        ("https://s3.example/b/k", {"HTTPS_PROXY": ""}, None),
+        ("https://s3.example/b/k", {"ALL_PROXY": "http://p:3128"}, None),
+        ("https://s3.example/b/k", {"Https_Proxy": "http://p:3128"}, "http://p:3128"),
+        ("https://s3.example/b/k", {"HTTPS_PROXY": "http://p:3128", "https_proxy": ""}, None),
     ],
 )
 def test_the_data_plane_picks_the_proxy_botocore_picks(
     monkeypatch: pytest.MonkeyPatch, url: str, env: dict[str, str], proxy: str | None
 ) -> None:
-    for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
+    for name in [n for n in os.environ if n.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert environ_proxy(url) == proxy
+    assert ProxyConfiguration(proxies=get_environ_proxies(url)).proxy_url_for(url) == proxy
 
 
 needs_tinyproxy = pytest.mark.skipif(tinyproxy_binary() is None, reason="tinyproxy is not installed")

@@ -5,8 +5,8 @@ checks SigV4 (presigned ranged GETs included), enforces what each identity may d
 and computes real multipart ETags. Models are published by the admin identity and
 pulled by a read-only one, as on a node. Where a test counts bytes, the pull goes
 through the fault proxy (which forwards the client's Host, so signatures still
-validate); only presigned GETs carry `X-Amz-Signature` in their query, so that is
-how object bodies are told from manifests and listings. Objects are a few MiB.
+validate); object bodies are the presigned GETs with a Range (`FaultProxy.object_gets`):
+a manifest's GET is presigned too, but of the whole object. Objects are a few MiB.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_a_pull_killed_mid_transfer_resumes_and_fetches_only_the_missing_parts(
 
     assert again.returncode == 0, again.stderr
     assert_ready(cache, ref, files)
-    assert proxy.bytes_sent(PRESIGNED) == len(files["weights.bin"]) - len(done) * MiB
+    assert proxy.object_bytes_sent() == len(files["weights.bin"]) - len(done) * MiB
 
 
 def test_a_second_revision_hard_links_the_file_it_shares_instead_of_downloading_it(
@@ -126,7 +126,7 @@ def test_a_second_revision_hard_links_the_file_it_shares_instead_of_downloading_
     two = os.stat(Cache(cache).ready_path(rev2) / "shared.bin")
     assert (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
     assert proxy.bytes_sent("shared.bin") == 0
-    assert proxy.bytes_sent(PRESIGNED) == len(rev2_files["only2.bin"])
+    assert proxy.object_bytes_sent() == len(rev2_files["only2.bin"])
 
 
 def test_verify_repair_refetches_only_the_damaged_file_of_a_quarantined_model(
@@ -150,7 +150,7 @@ def test_verify_repair_refetches_only_the_damaged_file_of_a_quarantined_model(
 
     assert repaired.returncode == 0, repaired.stderr
     assert f"repaired {ref.model_id}" in repaired.stdout
-    assert proxy.bytes_sent(PRESIGNED) == len(files["b.bin"])
+    assert proxy.object_bytes_sent() == len(files["b.bin"])
     assert_ready(cache, ref, files)
 
 

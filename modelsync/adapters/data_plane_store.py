@@ -31,7 +31,7 @@ import contextlib
 import datetime as dt
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -133,11 +133,18 @@ async def open_store(
 class DataPlaneStore:
     """The control plane's reads and signatures without the SDK where it can; see the module docstring."""
 
-    def __init__(self, settings: Settings, route: StaticRoute, client: RangeClient) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        route: StaticRoute,
+        client: RangeClient,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
         self._settings = settings
         self._route = route
         self._client = client
         self._signer = QuerySigner(route.region)
+        self._now = now
         self._stack = contextlib.AsyncExitStack()
         self._opening = asyncio.Lock()
         self._sdk: S3 | None = None
@@ -197,7 +204,7 @@ class DataPlaneStore:
 
     def _sign(self, bucket: str, key: str, expires_s: int) -> str:
         url = self._route.object_url(bucket, key)
-        return self._signer.presign_get(url, self._route.credentials, dt.datetime.now(dt.UTC), expires_s)
+        return self._signer.presign_get(url, self._route.credentials, self._now(), expires_s)
 
     async def _s3(self) -> S3:
         """The SDK's store, opened on first need (one opening, however many ask at once)."""

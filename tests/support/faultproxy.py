@@ -322,11 +322,18 @@ class FaultProxy(Service):
         """Body bytes the proxy wrote for matching requests: what a resume must not repeat."""
         return sum(r.body_bytes_sent for r in self.requests(match, method))
 
+    def object_gets(self, match: str = "") -> list[RequestRecord]:
+        """Presigned ranged GETs: the requests for object bytes.
+
+        A manifest is fetched by a presigned GET too, but of the whole object, with no Range;
+        listings and heads are signed in their Authorization header.
+        """
+        gets = self.requests(match, method="GET")
+        return [r for r in gets if r.range is not None and "X-Amz-Signature" in r.path]
+
     def object_bytes_sent(self, match: str = "") -> int:
         """Object body bytes served by presigned ranged GETs (not manifests or listings)."""
-        return sum(
-            r.body_bytes_sent for r in self.requests(match, method="GET") if "X-Amz-Signature" in r.path
-        )
+        return sum(r.body_bytes_sent for r in self.object_gets(match))
 
     def clear(self) -> None:
         """Forget the log and drop every queued fault."""

@@ -22,7 +22,11 @@ if TYPE_CHECKING:  # importing the S3 stack would slow a warm `pull` that never 
 
 
 class ObjectStore(Protocol):
-    """The control plane: small, latency-bound reads and URL signing (adapters/s3.py `S3`)."""
+    """The control plane: small, latency-bound reads and URL signing.
+
+    adapters/s3.py `S3` (aiobotocore), or adapters/data_plane_store.py `DataPlaneStore`, which
+    signs URLs and reads the manifest without the SDK and hands it the rest.
+    """
 
     async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
         """The manifest's bytes, or None when the model has none."""

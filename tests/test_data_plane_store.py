@@ -16,6 +16,7 @@ import functools
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path

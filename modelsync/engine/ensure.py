@@ -116,7 +116,7 @@ def ensure_ready(
         if options.foreground and not announced:
             # found damaged only now (verify): the re-fetch is a foreground pull too
             stack.enter_context(announce(settings.cache_dir, ref))
-        from modelsync.engine.pull import pull_revision  # here: it imports the S3 stack
+        from modelsync.engine.pull import pull_revision  # here: only a fetch needs the data plane
 
         pulled = pull_revision(
             settings,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from modelsync.core.refs import ModelRef
 
-if TYPE_CHECKING:  # importing the S3 stack would slow a warm `pull` that never fetches
+if TYPE_CHECKING:  # importing the data plane would slow a warm `pull` that never fetches
     from modelsync.adapters.ranged_http import RangeRequest
     from modelsync.core.parts import ObjectInfo
 

@@ -30,9 +30,9 @@ from support.objects import payload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
+import modelsync.adapters.body_copy as body_copy
 import modelsync.adapters.cache.staging as staging_adapter
 import modelsync.adapters.fs as fs_adapter
-import modelsync.adapters.ranged_http as ranged_http
 from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.adapters.fs import in_memory
 from modelsync.config import Settings
@@ -422,7 +422,7 @@ def test_pull_never_mixes_versions_when_a_part_is_still_streaming_the_old_object
         writes.append((target, offset))
         return n
 
-    monkeypatch.setattr(ranged_http.os, "pwrite", spying_pwrite)
+    monkeypatch.setattr(body_copy.os, "pwrite", spying_pwrite)
     settings = make_settings(read_timeout_s=1.5, concurrency=3)
 
     with pulling_in_background(settings, model_ref(bucket)) as future:
@@ -652,7 +652,7 @@ def test_pull_reports_disk_full_with_bytes_needed_and_free_when_a_write_hits_eno
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     if seam == "pwrite":
-        monkeypatch.setattr(ranged_http.os, "pwrite", no_space)
+        monkeypatch.setattr(body_copy.os, "pwrite", no_space)
     elif seam == "fdatasync":  # a completed file of several parts is flushed as soon as it lands
         assert not in_memory(tmp_path), "fdatasync is skipped on tmpfs"
         monkeypatch.setattr(fs_adapter.os, "fdatasync", no_space)

@@ -22,6 +22,13 @@ opened on first need and closed with this store):
 
 `static_route` decides whether a route can be signed here; when it cannot,
 `open_store` opens the SDK's store alone, as every pull did before.
+
+One thing the SDK did that this GET does not: botocore asks for, and checks, the
+CRC32 or SHA the store keeps of an object's body (`x-amz-checksum-mode`), which
+covers the manifest in transit. Here TCP (or TLS) does; the manifest's digests
+still check every file it lists. Doing the same here needs the header signed
+(S3 refuses unsigned `x-amz-*` headers on a presigned URL), which core.sigv4
+does not do yet.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ model with a manifest never imports the SDK.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import functools
+import hashlib
 import subprocess
 import sys
 import urllib.error
@@ -31,7 +33,13 @@ from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 from support.seaweedfs import SeaweedFS
 
-from modelsync.adapters.data_plane_store import DataPlaneStore, StaticRoute, open_store, static_route
+from modelsync.adapters.data_plane_store import (
+    DataPlaneStore,
+    StaticRoute,
+    body_intact,
+    open_store,
+    static_route,
+)
 from modelsync.adapters.ranged_http import RangeClient
 from modelsync.adapters.s3 import S3, open_s3
 from modelsync.backends import s3_backends
@@ -170,6 +178,27 @@ def test_a_route_is_signed_here_only_where_botocore_would_sign_it_the_same_way(
 def test_the_session_token_is_the_one_botocore_reads(tokens: dict[str, str], token: str | None) -> None:
     route = static_route(Settings(endpoint_url=ENDPOINT), {**KEYS, **tokens})
     assert route is not None and route.credentials == Credentials("AKID", "secret", token)
+
+
+CRC32_OF_HELLO = "NhCmhg=="  # base64 of zlib.crc32(b"hello"), big-endian, as S3 sends it
+
+
+@pytest.mark.parametrize(
+    ("headers", "intact"),
+    [
+        ({}, True),
+        ({"x-amz-checksum-crc32": CRC32_OF_HELLO, "x-amz-checksum-type": "FULL_OBJECT"}, True),
+        ({"x-amz-checksum-crc32": "AAAAAA=="}, False),
+        ({"x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(b"hello").digest()).decode()}, True),
+        ({"x-amz-checksum-sha1": base64.b64encode(hashlib.sha1(b"hello!").digest()).decode()}, False),
+        ({"x-amz-checksum-crc32c": "mnG7TA=="}, False),  # not computed here: the SDK checks it
+        ({"x-amz-checksum-crc32": "AAAAAA==-3"}, True),  # of a multipart upload's parts: botocore skips it
+    ],
+)
+def test_a_manifest_body_is_checked_against_the_stores_checksum(
+    headers: dict[str, str], intact: bool
+) -> None:
+    assert body_intact(headers, b"hello") is intact
 
 
 @functools.cache
@@ -396,6 +425,26 @@ def test_a_throttled_manifest_get_is_ridden_out_by_the_sdks_retries(
     assert isinstance(manifest, bytes) and b'"weights.bin"' in manifest
     assert sdk_opened
     assert [r.status for r in fault_proxy.requests(MANIFEST_NAME)] == [503, 200]
+
+
+def test_a_manifest_damaged_in_transit_is_fetched_again_by_the_sdk(
+    tmp_path: Path,
+    static_keys: S3Env,
+    proxied_s3_env: S3Env,
+    fault_proxy: FaultProxy,
+    s3_client: BaseClient,
+    bucket: str,
+) -> None:
+    """The store keeps a CRC32 of every object put by a current SDK; the flipped bit fails it here."""
+    ref = put_model(s3_client, bucket)
+    intact = s3_client.get_object(Bucket=bucket, Key=ref.prefix + MANIFEST_NAME)["Body"].read()
+    fault_proxy.add_fault("bitflip", match=MANIFEST_NAME, arg=10)
+    settings = settings_for(proxied_s3_env.endpoint_url, tmp_path)
+
+    manifest, sdk_opened = through_store(settings, lambda store: store.get_manifest(ref, MANIFEST_NAME))
+
+    assert (manifest, sdk_opened) == (intact, True)
+    assert [r.fault for r in fault_proxy.requests(MANIFEST_NAME)] == ["bitflip", None]
 
 
 # ---- the point of it: a cold pull without the SDK ------------------------------------------------

@@ -267,9 +267,11 @@ def test_a_small_object_is_read_whole_without_a_range_on_the_same_connection() -
     manifest = b'{"format": "modelsync-manifest"}'
     ok = answer("200 OK", body=manifest)
     with ScriptedServer([ok, ok]) as server, _client() as client:
-        assert [client.get_small(server.url(), 1024).body for _ in range(2)] == [manifest, manifest]
+        got = [client.get_small(server.url(), 1024, {"x-amz-checksum-mode": "ENABLED"}) for _ in range(2)]
+        assert [answer.body for answer in got] == [manifest, manifest]
         assert server.connections == 1
         assert b"\r\nRange:" not in server.requests[0]
+        assert b"x-amz-checksum-mode: ENABLED" in server.requests[0].split(b"\r\n")
 
 
 def test_a_small_objects_error_answer_is_returned_with_its_body_not_raised() -> None:

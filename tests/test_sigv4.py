@@ -111,3 +111,22 @@ def test_the_s3_adapter_leaves_a_url_it_cannot_reproduce_to_botocore() -> None:
     first = botocore_url("http://127.0.0.1:9000", "us-east-1", "path", creds, "bkt", KEYS[0], 60)
     cached.learn("bkt", KEYS[0], creds, first.replace("X-Amz-Signature=", "X-Amz-Signature=0"))
     assert cached.sign("bkt", KEYS[1], creds, dt.datetime.now(dt.UTC), 60) is None
+
+
+def test_a_signed_checksum_mode_header_is_signed_as_botocore_signs_it() -> None:
+    """The manifest's GET asks for the store's checksum as botocore's get_object does (ChecksumMode)."""
+    creds = Credentials("AKIDEXAMPLE", "secret", "token")
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url="http://127.0.0.1:9000", region_name="eu-west-1",
+        aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
+        aws_session_token=creds.token,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )  # fmt: skip
+    theirs = str(client.generate_presigned_url(
+        "get_object", Params={"Bucket": "bkt", "Key": KEYS[1], "ChecksumMode": "ENABLED"}, ExpiresIn=600))
+    base, when = base_and_time(theirs)
+
+    ours = QuerySigner("eu-west-1").presign_get(base, creds, when, 600, {"x-amz-checksum-mode": "ENABLED"})
+
+    assert urlsplit(ours)._replace(query="") == urlsplit(theirs)._replace(query="")
+    assert parse_qs(urlsplit(ours).query) == parse_qs(urlsplit(theirs).query)

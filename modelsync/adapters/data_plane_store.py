@@ -23,21 +23,22 @@ opened on first need and closed with this store):
 `static_route` decides whether a route can be signed here; when it cannot,
 `open_store` opens the SDK's store alone, as every pull did before.
 
-One thing the SDK did that this GET does not: botocore asks for, and checks, the
-CRC32 or SHA the store keeps of an object's body (`x-amz-checksum-mode`), which
-covers the manifest in transit. Here TCP (or TLS) does; the manifest's digests
-still check every file it lists. Doing the same here needs the header signed
-(S3 refuses unsigned `x-amz-*` headers on a presigned URL), which core.sigv4
-does not do yet.
+The manifest's GET asks for the store's checksum of the body, as botocore does
+(`x-amz-checksum-mode`, signed: S3 refuses an unsigned `x-amz-*` header), and a
+CRC32, SHA-1 or SHA-256 that comes back is checked here; a body that does not
+match it, or a checksum computed otherwise (CRC32C, CRC64NVME), goes to the SDK.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
+import hashlib
 import os
 import re
+import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -59,6 +60,14 @@ if TYPE_CHECKING:  # importing either at the top would load what this store exis
 
 #: lifetime of the manifest's URL, seconds: it is used at once, once
 MANIFEST_URL_EXPIRY_S = 60
+#: sent (and signed) with the manifest's GET, as botocore sends it: the store returns its checksum
+_CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
+#: the store's checksums of a body checked here: header -> the digest it carries, base64-encoded
+_DIGESTS: dict[str, Callable[[bytes], bytes]] = {
+    "x-amz-checksum-crc32": lambda body: zlib.crc32(body).to_bytes(4, "big"),
+    "x-amz-checksum-sha1": lambda body: hashlib.sha1(body).digest(),
+    "x-amz-checksum-sha256": lambda body: hashlib.sha256(body).digest(),
+}
 #: variables that, when set, make botocore resolve credentials or build URLs in ways not
 #: reproduced here: a named profile (a missing one is an error), keys it refreshes, FIPS or
 #: dual-stack endpoints (refused with a custom endpoint)
@@ -115,6 +124,21 @@ def static_route(settings: Settings, env: Mapping[str, str]) -> StaticRoute | No
     # botocore reads the token from the first of these that is set and not empty
     token = env.get("AWS_SECURITY_TOKEN") or env.get("AWS_SESSION_TOKEN") or None
     return StaticRoute(endpoint.rstrip("/"), settings.region, Credentials(access_key, secret_key, token))
+
+
+def body_intact(headers: Mapping[str, str], body: bytes) -> bool:
+    """Whether `body` matches the store's checksum of it, or the store sent none that can be checked.
+
+    A composite checksum (of a multipart upload's parts, "...-N") is not a checksum of
+    the body; botocore passes it unchecked too. One this store does not compute is
+    not passed: the SDK checks it.
+    """
+    for name, value in headers.items():
+        if not name.startswith("x-amz-checksum-") or name == "x-amz-checksum-type" or "-" in value:
+            continue
+        digest = _DIGESTS.get(name)
+        return digest is not None and base64.b64encode(digest(body)).decode("ascii") == value
+    return True
 
 
 @contextlib.asynccontextmanager
@@ -174,13 +198,14 @@ class DataPlaneStore:
     async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
         """The manifest's bytes, None when the model has none; anything else is the SDK's to decide."""
         if self._signs(ref.bucket):
-            url = self._sign(ref.bucket, ref.prefix + name, MANIFEST_URL_EXPIRY_S)
+            url = self._sign(ref.bucket, ref.prefix + name, MANIFEST_URL_EXPIRY_S, _CHECKSUM_MODE)
+            get = self._client.get_small
             try:
-                answer = await asyncio.to_thread(self._client.get_small, url, MAX_MANIFEST_BYTES)
+                answer = await asyncio.to_thread(get, url, MAX_MANIFEST_BYTES, _CHECKSUM_MODE)
             except (ModelsyncError, TransientFetchError):
                 pass  # the SDK tries again and reports it as for any read
             else:
-                if answer.status == 200:
+                if answer.status == 200 and body_intact(answer.headers, answer.body):
                     return answer.body
                 if missing_object(answer.status, s3_error_fields(answer.body)[0]):
                     return None
@@ -209,9 +234,9 @@ class DataPlaneStore:
     def _signs(self, bucket: str) -> bool:
         return not self._renewed and not bucket.endswith(_EXPRESS_SUFFIXES)
 
-    def _sign(self, bucket: str, key: str, expires_s: int) -> str:
+    def _sign(self, bucket: str, key: str, expires_s: int, headers: Mapping[str, str] | None = None) -> str:
         url = self._route.object_url(bucket, key)
-        return self._signer.presign_get(url, self._route.credentials, self._now(), expires_s)
+        return self._signer.presign_get(url, self._route.credentials, self._now(), expires_s, headers)
 
     async def _s3(self) -> S3:
         """The SDK's store, opened on first need (one opening, however many ask at once)."""

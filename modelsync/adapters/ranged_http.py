@@ -178,7 +178,7 @@ class RangeClient:
 
         return self._exchange(req.url, (req.start, req.end - 1), req.etag, req.headers, answer)
 
-    def get_small(self, url: str, limit_bytes: int) -> SmallAnswer:
+    def get_small(self, url: str, limit_bytes: int, headers: Mapping[str, str] | None = None) -> SmallAnswer:
         """GET a whole small object (a manifest) into memory; every status is returned, not raised.
 
         The control plane's reads need the answer itself: a missing key is not an
@@ -199,7 +199,7 @@ class RangeClient:
                 )
             return SmallAnswer(head.status, head.headers, body or b"")
 
-        return self._exchange(url, None, None, {}, answer)
+        return self._exchange(url, None, None, headers or {}, answer)
 
     def _exchange(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
@@ -63,7 +64,7 @@ class QuerySigner:
         self.region = region
         self.service = service
         self._key: tuple[str, str, bytes] | None = None  # (secret, date, key)
-        self._query: tuple[tuple[str, str | None, str, int], str] | None = None
+        self._query: tuple[tuple[str, str | None, str, int, str], str] | None = None
         self._hosts: dict[str, str] = {}
 
     def _key_for(self, secret_key: str, date: str) -> bytes:
@@ -83,8 +84,8 @@ class QuerySigner:
             self._hosts[origin] = host
         return host
 
-    def _canonical_query(self, creds: Credentials, stamp: str, expires_s: int) -> str:
-        cache_key = (creds.access_key, creds.token, stamp, expires_s)
+    def _canonical_query(self, creds: Credentials, stamp: str, expires_s: int, signed: str) -> str:
+        cache_key = (creds.access_key, creds.token, stamp, expires_s, signed)
         if self._query is None or self._query[0] != cache_key:
             scope = f"{stamp[:8]}/{self.region}/{self.service}/aws4_request"
             params = {
@@ -92,7 +93,7 @@ class QuerySigner:
                 "X-Amz-Credential": f"{creds.access_key}/{scope}",
                 "X-Amz-Date": stamp,
                 "X-Amz-Expires": str(expires_s),
-                "X-Amz-SignedHeaders": "host",
+                "X-Amz-SignedHeaders": signed,
             }
             if creds.token:
                 params["X-Amz-Security-Token"] = creds.token
@@ -100,11 +101,20 @@ class QuerySigner:
             self._query = (cache_key, query)
         return self._query[1]
 
-    def presign_get(self, url: str, creds: Credentials, now: dt.datetime, expires_s: int) -> str:
+    def presign_get(
+        self,
+        url: str,
+        creds: Credentials,
+        now: dt.datetime,
+        expires_s: int,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
         """`url` (path already percent-encoded, no query) signed for GET until now + expires_s.
 
-        Only `host` is signed, so `Range` and `If-Match` may be added freely, as with
-        botocore's own presigned URLs.
+        `host` is signed, and `headers` (lower-case names) if given: the request must
+        then send them as given. Others, such as `Range` and `If-Match`, may be added
+        freely, as with botocore's own presigned URLs. S3 refuses an `x-amz-*` header
+        that is not signed.
         """
         if "?" in url or "#" in url:
             raise ValueError("the URL to sign must carry no query or fragment")
@@ -112,8 +122,11 @@ class QuerySigner:
         path_start = url.find("/", scheme_end)
         origin, path = (url, "/") if path_start < 0 else (url[:path_start], url[path_start:])
         stamp = now.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        query = self._canonical_query(creds, stamp, expires_s)
-        canonical = f"GET\n{path}\n{query}\nhost:{self._host(origin)}\n\nhost\nUNSIGNED-PAYLOAD"
+        fields = sorted({"host": self._host(origin), **(headers or {})}.items())
+        signed = ";".join(name for name, _ in fields)
+        query = self._canonical_query(creds, stamp, expires_s, signed)
+        canonical_headers = "".join(f"{name}:{value.strip()}\n" for name, value in fields)
+        canonical = f"GET\n{path}\n{query}\n{canonical_headers}\n{signed}\nUNSIGNED-PAYLOAD"
         scope = f"{stamp[:8]}/{self.region}/{self.service}/aws4_request"
         to_sign = f"{ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
         signature = hmac.new(self._key_for(creds.secret_key, stamp[:8]), to_sign.encode(), hashlib.sha256)

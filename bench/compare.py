@@ -77,28 +77,17 @@ def warm_pull(ms: Contender, prep: Prepared, data_root: Path, scratch: Path) -> 
         cold = measure(pt.argv, pt.env, timeout=120, flush=None, work=scratch)
         if error := verify(pt, cold, full=True):
             return WarmPull(error=f"cold pull failed: {error}")
-        before = settled_count(ep)
+        before = ep.settled_request_count()
         times = []
         for _ in range(WARM_RUNS):
             m = measure(pt.argv, pt.env, timeout=60, flush=None, work=scratch)
             if m.returncode != 0:
                 return WarmPull(error=f"warm pull exit {m.returncode}: {m.stderr_tail[-300:]}")
             times.append(m.wall_s * 1000)
-        requests = settled_count(ep) - before
+        requests = ep.settled_request_count() - before
     clear(pt.dest)
     return WarmPull(statistics.median(times), min(times), max(times), requests,
                     None if requests == 0 else f"{WARM_RUNS} warm pulls made {requests} S3 requests")
-
-
-def settled_count(ep: NginxEndpoint) -> int:
-    """The access log's request count once nginx has logged what it finished (lines are
-    written as a request is finalised, which can be after the client has its answer)."""
-    count = ep.request_count()
-    while True:
-        time.sleep(0.2)
-        if (now := ep.request_count()) == count:
-            return count
-        count = now
 
 
 @dataclass

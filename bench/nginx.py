@@ -111,6 +111,18 @@ class NginxEndpoint:
         with self.access_log_path.open("rb") as log:
             return sum(1 for _ in log)
 
+    def settled_request_count(self, still_s: float = 0.2, timeout_s: float = 10.0) -> int:
+        """`request_count` once the log has not changed for `still_s`: nginx writes a line as it
+        finalises the request, which can be after the client has its answer."""
+        deadline = time.monotonic() + timeout_s
+        count = self.request_count()
+        while time.monotonic() < deadline:
+            time.sleep(still_s)
+            if (again := self.request_count()) == count:
+                return count
+            count = again
+        raise RuntimeError(f"nginx's access log kept growing for {timeout_s:.0f} s")
+
     def requests(self) -> list[tuple[float, str, bool]]:
         """(epoch seconds, request line, ranged?) of each logged request (needs access_log=True)."""
         if not self.access_log or not self.access_log_path.exists():

@@ -111,6 +111,11 @@ def through_sdk(settings: Settings, call: Call) -> Any:
     return asyncio.run(run())
 
 
+def manifest_of(ref: ModelRef) -> Call:
+    """The call that asks a store for `ref`'s manifest."""
+    return lambda store: store.get_manifest(ref, MANIFEST_NAME)
+
+
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(url, headers=headers or {})
@@ -301,8 +306,7 @@ def test_a_wrong_secret_is_access_denied_in_the_sdks_words(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-" + as_reader.secret_access_key)
     settings = settings_for(seaweedfs.endpoint_url, tmp_path)
 
-    def call(store: Any) -> Awaitable[bytes | None]:
-        return store.get_manifest(seaweed_model, MANIFEST_NAME)
+    call = manifest_of(seaweed_model)
 
     error, sdk_opened = through_store(settings, call)
 
@@ -382,8 +386,7 @@ def test_a_refused_manifest_get_ends_as_the_sdks_store_ends_it(
     fault_proxy.add_fault(fault, match=MANIFEST_NAME, times=1000)  # type: ignore[arg-type]
     settings = settings_for(proxied_s3_env.endpoint_url, tmp_path)
 
-    def call(store: Any) -> Awaitable[bytes | None]:
-        return store.get_manifest(ref, MANIFEST_NAME)
+    call = manifest_of(ref)
 
     ours, sdk_opened = through_store(settings, call)
 
@@ -398,8 +401,7 @@ def test_a_missing_bucket_ends_as_the_sdks_store_ends_it(
     ref = parse_source(f"s3://no-such-bucket-here/{PREFIX}")
     settings = settings_for(s3_env.endpoint_url, tmp_path)
 
-    def call(store: Any) -> Awaitable[bytes | None]:
-        return store.get_manifest(ref, MANIFEST_NAME)
+    call = manifest_of(ref)
 
     ours, _ = through_store(settings, call)
 
@@ -420,7 +422,7 @@ def test_a_throttled_manifest_get_is_ridden_out_by_the_sdks_retries(
 
     settings = settings_for(proxied_s3_env.endpoint_url, tmp_path)
 
-    manifest, sdk_opened = through_store(settings, lambda store: store.get_manifest(ref, MANIFEST_NAME))
+    manifest, sdk_opened = through_store(settings, manifest_of(ref))
 
     assert isinstance(manifest, bytes) and b'"weights.bin"' in manifest
     assert sdk_opened
@@ -441,7 +443,7 @@ def test_a_manifest_damaged_in_transit_is_fetched_again_by_the_sdk(
     fault_proxy.add_fault("bitflip", match=MANIFEST_NAME, arg=10)
     settings = settings_for(proxied_s3_env.endpoint_url, tmp_path)
 
-    manifest, sdk_opened = through_store(settings, lambda store: store.get_manifest(ref, MANIFEST_NAME))
+    manifest, sdk_opened = through_store(settings, manifest_of(ref))
 
     assert (manifest, sdk_opened) == (intact, True)
     assert [r.fault for r in fault_proxy.requests(MANIFEST_NAME)] == ["bitflip", None]

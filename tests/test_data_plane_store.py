@@ -111,6 +111,15 @@ def through_sdk(settings: Settings, call: Call) -> Any:
     return asyncio.run(run())
 
 
+def ends_as_the_sdk(settings: Settings, call: Call) -> tuple[Any, bool]:
+    """`call` through the store a pull opens, checked to end as on the SDK's store alone (the same
+    class and message); its outcome, and whether the SDK was opened."""
+    ours, sdk_opened = through_store(settings, call)
+    theirs = through_sdk(settings, call)
+    assert (type(ours), str(ours)) == (type(theirs), str(theirs))
+    return ours, sdk_opened
+
+
 def manifest_of(ref: ModelRef) -> Call:
     """The call that asks a store for `ref`'s manifest."""
     return lambda store: store.get_manifest(ref, MANIFEST_NAME)
@@ -306,12 +315,9 @@ def test_a_wrong_secret_is_access_denied_in_the_sdks_words(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-" + as_reader.secret_access_key)
     settings = settings_for(seaweedfs.endpoint_url, tmp_path)
 
-    call = manifest_of(seaweed_model)
-
-    error, sdk_opened = through_store(settings, call)
+    error, sdk_opened = ends_as_the_sdk(settings, manifest_of(seaweed_model))
 
     assert isinstance(error, AccessDeniedError)
-    assert str(error) == str(through_sdk(settings, call))
     assert sdk_opened
 
 
@@ -386,12 +392,9 @@ def test_a_refused_manifest_get_ends_as_the_sdks_store_ends_it(
     fault_proxy.add_fault(fault, match=MANIFEST_NAME, times=1000)  # type: ignore[arg-type]
     settings = settings_for(proxied_s3_env.endpoint_url, tmp_path)
 
-    call = manifest_of(ref)
-
-    ours, sdk_opened = through_store(settings, call)
+    ours, sdk_opened = ends_as_the_sdk(settings, manifest_of(ref))
 
     assert isinstance(ours, error) and sdk_opened
-    assert (type(ours), str(ours)) == (type(theirs := through_sdk(settings, call)), str(theirs))
 
 
 def test_a_missing_bucket_ends_as_the_sdks_store_ends_it(
@@ -401,12 +404,9 @@ def test_a_missing_bucket_ends_as_the_sdks_store_ends_it(
     ref = parse_source(f"s3://no-such-bucket-here/{PREFIX}")
     settings = settings_for(s3_env.endpoint_url, tmp_path)
 
-    call = manifest_of(ref)
-
-    ours, _ = through_store(settings, call)
+    ours, _ = ends_as_the_sdk(settings, manifest_of(ref))
 
     assert isinstance(ours, BucketNotFoundError)
-    assert (type(ours), str(ours)) == (type(theirs := through_sdk(settings, call)), str(theirs))
 
 
 def test_a_throttled_manifest_get_is_ridden_out_by_the_sdks_retries(

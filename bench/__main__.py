@@ -11,7 +11,8 @@ import sys
 
 ENTRIES = {"compare": "compare", "curves": "curves", "scale": "scale", "cache-scale": "cache_scale",
            "signature": "signature", "signature-tail": "signature_tail",
-           "signature-probe": "signature_probe", "startup": "startup"}
+           "signature-probe": "signature_probe", "startup": "startup",
+           "ceiling": "ceiling"}
 
 
 def main(argv: list[str]) -> int:

@@ -150,3 +150,20 @@ def test_the_signature_benchmark_pulls_unsigned_and_signed_and_states_the_budget
     assert all(r["error"] is None and r["nginx_cpu_s"] >= 0 for r in runs)
     # the source is read again before each run: fincore finds it cached (a tiny set, just read)
     assert all(r["source_cached"] is None or r["source_cached"] > 0.5 for r in runs)
+
+
+def test_the_ceiling_counts_lock_samples_by_the_deepest_modelsync_frame(tmp_path: Path) -> None:
+    from bench.ceiling import read_raw
+
+    raw = tmp_path / "spy.txt"
+    raw.write_text(
+        "<module> (modelsync/__main__.py:5);run (modelsync/engine/pull.py:40);"
+        "recv (socket.py:10) 7\n"
+        "<module> (modelsync/__main__.py:5);feed (/x/modelsync/adapters/digest.py:82) 3\n"
+        "<module> (runpy.py:1);exec_module (<frozen importlib._bootstrap_external>:9) 2\n"
+        "not a sample line\n"
+    )
+    total, frames = read_raw(raw)
+    assert total == 12
+    assert frames == {"engine.pull.run": 7, "adapters.digest.feed": 3,
+                      "(outside modelsync: interpreter start-up, imports, libraries)": 2}

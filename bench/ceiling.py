@@ -1,0 +1,275 @@
+"""The serial ceiling of one pull process: interpreter-lock seconds per GiB (or per file).
+
+No number of cores makes a Python process faster than 1 / (the time per GiB during which one
+of its threads holds the interpreter lock). `py-spy record --gil` samples only the thread that
+holds it, so its sample count divided by the rate is that time. Each shape is pulled at two
+sizes in the same round and the difference is divided by the difference in size: start-up
+(imports, the manifest, the first connection) cancels, and is reported apart.
+
+Shapes (every pull from the local nginx endpoint, the source in the page cache):
+
+* `tmpfs-unsigned`, `tmpfs-signed`, `xfs-unsigned`, `xfs-signed`: 12 x 512 MiB shards with a
+  model's side files against 4 of those shards with the same side files (6 GiB against 2 GiB);
+  signed pulls verify an OpenSSF signature (SHA-256 of every byte) as well as xxh3;
+* `small-files`: 2,000 x 64 KiB files against 500 of them, to tmpfs: lock-held ms per file.
+
+The load average at each run is kept: lock-held time is CPU time of one thread and grows on a
+busy machine (caches, frequency), so compare shapes and trees measured in the same run.
+
+    scripts/bench ceiling [--shapes NAME,...] [--rounds 3] [--variant main=/work/main ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench import REPO, data, fsinfo, options
+from bench.contenders import contender_env, modelsync_binary
+from bench.data import DataSet, GiB
+from bench.harness import BenchError, clear, ensure_tools, run_main, run_timeout
+from bench.nginx import NginxEndpoint
+from bench.report import render_table, write_record
+
+SHAPES = ("tmpfs-unsigned", "tmpfs-signed", "xfs-unsigned", "xfs-signed", "small-files")
+RATE_HZ = 200
+#: a py-spy raw line: `frame;frame;...;frame COUNT`, frames as `name (file:line)`
+_RAW_LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
+_FRAME = re.compile(r"^(?P<name>.+?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One measured pull: its lock-held seconds, wall time, and the deepest modelsync frames."""
+
+    variant: str
+    shape: str
+    size: str
+    round: int
+    lock_s: float
+    wall_s: float
+    load_1m: float
+    frames: dict[str, int]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A shape's two data sets: `units` is GiB for the model sets and files for small files."""
+
+    big: DataSet
+    small: DataSet
+    units_big: float
+    units_small: float
+    signed: bool
+
+
+def py_spy() -> Path:
+    path = Path(modelsync_binary()).parent / "py-spy"
+    if not path.exists():
+        raise BenchError(f"{path} not found: pip install py-spy into the venv (the bench extra has it)")
+    return path
+
+
+def deepest_modelsync_frame(stack: str) -> str:
+    """The innermost frame in modelsync's own code: where the lock time is spent, by our names."""
+    for frame in reversed(stack.split(";")):
+        match = _FRAME.match(frame)
+        if match and "modelsync/" in match["file"]:
+            module = match["file"].rsplit("modelsync/", 1)[1].removesuffix(".py").replace("/", ".")
+            return f"{module}.{match['name']}"
+    return "(outside modelsync: interpreter start-up, imports, libraries)"
+
+
+def read_raw(path: Path) -> tuple[int, Counter[str]]:
+    """Samples in a py-spy raw file, and their count by deepest modelsync frame."""
+    total, frames = 0, Counter[str]()
+    for line in path.read_text().splitlines():
+        match = _RAW_LINE.match(line)
+        if match is None:
+            continue
+        count = int(match["count"])
+        total += count
+        frames[deepest_modelsync_frame(match["stack"])] += count
+    return total, frames
+
+
+def measure(argv: list[str], env: dict[str, str], work: Path,
+            timeout_s: float) -> tuple[float, float, Counter[str], str | None]:
+    """One pull under `py-spy record --gil`: (lock-held s, wall s, frames, error)."""
+    raw = work / "spy.txt"
+    raw.unlink(missing_ok=True)
+    spy = [str(py_spy()), "record", "--gil", "--rate", str(RATE_HZ), "--format", "raw", "--nonblocking",
+           "-o", str(raw), "--"]
+    start = time.monotonic()
+    done = subprocess.run([*spy, *argv], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout_s)
+    wall_s = time.monotonic() - start
+    if done.returncode != 0 or not raw.exists():
+        return 0.0, wall_s, Counter(), f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+    samples, frames = read_raw(raw)
+    return samples / RATE_HZ, wall_s, frames, None
+
+
+def pairs(root: Path) -> dict[str, Pair]:
+    """The data sets of every shape, generated once and hard-linked into their subsets."""
+    sets = data.datasets(small=False)
+    big = data.prepare(sets["model-set-6g"], root).dataset
+    shards = [p for p, _ in big.files if p.endswith(".safetensors") and "-of-" in p]
+    side = [p for p, _ in big.files if p not in shards]
+    small = data.link_subset(big, "ceiling-2g", shards[:4] + side, root)
+    data.prepare(small, root)
+    big_signed, _ = data.signed_copy(big, "ceiling-6g-signed", root)
+    small_signed, _ = data.signed_copy(small, "ceiling-2g-signed", root)
+    files = data.prepare(sets["small-files"], root).dataset
+    files_small = data.link_subset(files, "ceiling-files-500", [p for p, _ in files.files[:500]], root)
+    data.prepare(files_small, root)
+    model = Pair(big, small, big.total_bytes / GiB, small.total_bytes / GiB, signed=False)
+    signed = Pair(big_signed, small_signed, big_signed.total_bytes / GiB, small_signed.total_bytes / GiB,
+                  signed=True)
+    return {
+        "tmpfs-unsigned": model, "xfs-unsigned": model, "tmpfs-signed": signed, "xfs-signed": signed,
+        "small-files": Pair(files, files_small, files.count, files_small.count, signed=False),
+    }
+
+
+def public_key(root: Path, ds: DataSet) -> Path:
+    return root / f"{ds.name}.pub.pem"
+
+
+def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    ensure_tools({"nginx"})
+    root = options.data_root(args)
+    shapes = pairs(root)
+    endpoint = stack.enter_context(NginxEndpoint(root))
+    tmpfs = Path(tempfile.mkdtemp(prefix="modelsync-ceiling-", dir=args.tmpfs_dir))
+    stack.callback(clear, tmpfs)
+    xfs = None
+    if any(s.startswith("xfs") for s in args.shapes):
+        xfs = stack.enter_context(fsinfo.loop_mount("xfs", 8 * GiB, args.cache_dir))
+    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ceiling-work-")))
+    samples: list[Sample] = []
+    for rnd in range(1, args.rounds + 1):
+        for shape in args.shapes:
+            pair = shapes[shape]
+            for name, tree in args.variant:
+                for size, ds in (("big", pair.big), ("small", pair.small)):
+                    dest = (xfs if shape.startswith("xfs") and xfs is not None else tmpfs) / "cache"
+                    clear(dest)
+                    dest.mkdir(parents=True)
+                    data.warm_page_cache(ds, root)
+                    env = {**contender_env(endpoint.url), "PYTHONPATH": str(tree),
+                           "MODELSYNC_SIGNATURE": "required" if pair.signed else "off"}
+                    if pair.signed:
+                        env["MODELSYNC_SIGNATURE_PUBLIC_KEYS"] = str(public_key(root, ds))
+                    argv = [str(modelsync_binary()), "pull", ds.uri, "--cache-dir", str(dest),
+                            "--endpoint-url", endpoint.url, "--quiet"]
+                    load = os.getloadavg()[0]
+                    lock_s, wall_s, frames, error = measure(argv, env, work, run_timeout(ds.total_bytes) * 3)
+                    samples.append(Sample(name, shape, size, rnd, lock_s, wall_s, load, dict(frames), error))
+                    print(f"  {name:8s} {shape:15s} {size:5s} round {rnd}  lock {lock_s:6.2f} s  wall "
+                          f"{wall_s:6.2f} s  load {load:4.1f}  {error or ''}", flush=True)
+                    clear(dest)
+    tables = report(samples, shapes, args, md=False)
+    print("\n" + "\n".join(tables))
+    write_record(args.results_dir, "ceiling", {
+        "variants": {n: str(t) for n, t in args.variant}, "rate_hz": RATE_HZ,
+        "samples": [asdict(s) for s in samples],
+    }, args.markdown, report(samples, shapes, args, md=True))
+    return 1 if any(s.error for s in samples) else 0
+
+
+def slopes(samples: list[Sample], variant: str, shape: str, pair: Pair) -> list[tuple[float, float, float]]:
+    """Per round: (lock-held s per unit, start-up lock-held s, load), from the big and small pulls."""
+    out = []
+    for rnd in sorted({s.round for s in samples}):
+        by = {s.size: s for s in samples
+              if (s.variant, s.shape, s.round) == (variant, shape, rnd) and s.error is None}
+        if len(by) == 2:
+            per_unit = (by["big"].lock_s - by["small"].lock_s) / (pair.units_big - pair.units_small)
+            startup = by["small"].lock_s - per_unit * pair.units_small
+            out.append((per_unit, startup, max(by["big"].load_1m, by["small"].load_1m)))
+    return out
+
+
+def report(samples: list[Sample], shapes: dict[str, Pair], args: argparse.Namespace, md: bool) -> list[str]:
+    head = ["variant", "shape", "lock-held (median)", "ceiling", "start-up lock s", "per round",
+            "load"]
+    body = []
+    for name, _tree in args.variant:
+        for shape in args.shapes:
+            rows = slopes(samples, name, shape, shapes[shape])
+            if not rows:
+                continue
+            per_unit = statistics.median(r[0] for r in rows)
+            startup = statistics.median(r[1] for r in rows)
+            rounds = " / ".join(f"{r[0] * (1000 if shape == 'small-files' else 1):.3f}" for r in rows)
+            if shape == "small-files":
+                lock = f"{per_unit * 1000:.3f} ms/file"
+                ceiling = f"{1 / per_unit:,.0f} files/s" if per_unit > 0 else "unbounded"
+            else:
+                lock = f"{per_unit:.3f} s/GiB"
+                ceiling = f"{1 / per_unit:.1f} GiB/s" if per_unit > 0 else "unbounded"
+            loads = "-".join(f"{x:.1f}" for x in (min(r[2] for r in rows), max(r[2] for r in rows)))
+            body.append([name, shape, lock, ceiling, f"{startup:.2f}", rounds, loads])
+    errors = sorted({f"{s.variant} {s.shape} {s.size}: {s.error}" for s in samples if s.error})
+    out = render_table(f"serial ceiling: interpreter-lock seconds, py-spy --gil at {RATE_HZ} Hz, "
+                       f"medians of {args.rounds}", head, body, errors, md)
+    out += frame_table(samples, shapes, args, md)
+    return out
+
+
+def frame_table(samples: list[Sample], shapes: dict[str, Pair], args: argparse.Namespace,
+                md: bool) -> list[str]:
+    """Where the steady-state lock time goes: big minus small pulls, per unit, by deepest frame."""
+    out: list[str] = []
+    for name, _tree in args.variant:
+        for shape in args.shapes:
+            pair = shapes[shape]
+            diff: Counter[str] = Counter()
+            rounds = 0
+            for rnd in sorted({s.round for s in samples}):
+                by = {s.size: s for s in samples
+                      if (s.variant, s.shape, s.round) == (name, shape, rnd) and s.error is None}
+                if len(by) == 2:
+                    rounds += 1
+                    diff.update(by["big"].frames)
+                    diff.subtract(by["small"].frames)
+            if not rounds:
+                continue
+            unit = "ms/file" if shape == "small-files" else "ms/GiB"
+            scale = 1000 / RATE_HZ / rounds / (pair.units_big - pair.units_small)
+            body = [[frame, f"{count * scale:.1f}"] for frame, count in diff.most_common(12) if count > 0]
+            out += render_table(f"{name} {shape}: lock-held {unit} by deepest modelsync frame",
+                                ["frame", unit], body, [], md)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = options.parser("scripts/bench ceiling", "shapes", SHAPES, __doc__)
+    ap.add_argument("--variant", action="append", metavar="NAME=TREE",
+                    help="a modelsync source tree (the parent of modelsync/) to measure; "
+                    "default: this checkout")
+    args = ap.parse_args(argv)
+    args.shapes = options.choose(ap, "shapes", args.shapes, SHAPES)
+    args.variant = [(n, Path(t).resolve()) for n, t in
+                    (v.split("=", 1) for v in (args.variant or [f"here={REPO}"]))]
+    options.check(ap, args)
+    if args.small:
+        ap.error("--small: the ceiling needs the full sets (their difference is what is measured)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_main("bench ceiling", lambda stack: run(args, stack))
+

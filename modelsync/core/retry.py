@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import calendar
 import collections
+import functools
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -332,10 +333,13 @@ class SendGate:
 # -- presigned URLs ------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def presigned_expiry(url: str) -> float | None:
     """When a SigV4-presigned URL stops being valid (epoch seconds), from its own query.
 
-    None when the URL carries no parseable `X-Amz-Date` / `X-Amz-Expires`.
+    None when the URL carries no parseable `X-Amz-Date` / `X-Amz-Expires`. Cached: every part
+    of a file asks about the same URL, and parsing its date each time (`strptime`) was one of
+    the per-part costs that hold the interpreter lock.
     """
     query = parse_qs(urlsplit(url).query)
     dates, lifetimes = query.get("X-Amz-Date"), query.get("X-Amz-Expires")

@@ -304,15 +304,24 @@ def test_a_small_object_that_is_not_whole_and_framed_is_refused(reply: Reply) ->
 
 
 def test_short_body_is_transient_and_keeps_the_bytes_received(target: int) -> None:
+    progress: list[int] = []
     with (
         ScriptedServer([cut_after(300_000)]) as server,
         _client() as client,
         pytest.raises(TransientFetchError) as info,
     ):
-        client.fetch_into(RangeRequest(server.url(), 1000, 2_000_000, None), target, 1000)
+        client.fetch_into(RangeRequest(server.url(), 1000, 2_000_000, None), target, 1000, progress.append)
     assert info.value.reason == "truncated"
     assert info.value.bytes_written == 300_000
+    assert sum(progress) == 300_000, "bytes that landed before the break are reported as progress"
     assert _read(target, 1000, 300_000) == DATA[1000:301_000]
+
+
+def test_progress_is_reported_in_batches_not_once_per_buffer(target: int) -> None:
+    progress: list[int] = []
+    with ScriptedServer([serve_range]) as server, _client() as client:
+        client.fetch_into(RangeRequest(server.url(), 0, len(DATA), None), target, 0, progress.append)
+    assert progress == [len(DATA)], "48 buffers of 64 KiB, one report: each report holds the interpreter lock"
 
 
 def test_reset_mid_body_is_transient_and_keeps_the_bytes_received(target: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,32 @@ def test_unsigned_hashing_computes_no_sha256_and_no_md5(tmp_path: Path) -> None:
     assert got.xxh3_128 == xxhash.xxh3_128_hexdigest(data)
     assert got.sha256 is None
     assert got.part_md5s == ()
+
+
+
+def _resident_bytes(path: Path) -> int:
+    """Bytes of the file in the page cache, as util-linux's fincore sees them."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.strip())
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) is not installed")
+def test_hashing_a_whole_file_leaves_the_page_cache_as_it_found_it(tmp_path: Path) -> None:
+    path = tmp_path / "shard.bin"
+    mib = 1024 * 1024
+    data = os.urandom(4 * WINDOW_BYTES + 3 * mib)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if _resident_bytes(path) != 0:
+            pytest.skip("this file system keeps the file cached whatever it is told (tmpfs?)")
+        os.pread(fd, 2 * mib, WINDOW_BYTES + mib)  # what a reader had loaded before the verify
+        loaded = _resident_bytes(path)
+        assert loaded >= 2 * mib
+        assert hash_fd(fd, len(data)).xxh3_128 == xxhash.xxh3_128(data).hexdigest()
+        assert _resident_bytes(path) == loaded, "what was cached stays, what the hash read goes"
+    finally:
+        os.close(fd)

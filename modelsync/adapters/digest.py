@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import xxhash
 
+from modelsync.adapters import page_cache
+
 #: bytes mapped at a time
 WINDOW_BYTES = 8 * 1024 * 1024
 #: a stretch up to this size is read (one pread, a copy) rather than mapped: mapping costs five
@@ -136,9 +138,28 @@ class PrefixHasher:
 
 
 def hash_fd(fd: int, size_bytes: int, md5_part_bytes: int | None = None, sha256: bool = False) -> FileDigest:
-    """The digest of the first `size_bytes` of a file that is already complete."""
+    """The digest of the first `size_bytes` of a file that is already complete.
+
+    The page cache is left as it was found (adapters/page_cache.py): a verify or a publish reads
+    the whole model, and must not take memory the size of it from the GPU that shares it.
+    """
     hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256)
-    hasher.feed(fd, size_bytes)
+    if size_bytes <= READ_MAX_BYTES:
+        hasher.feed(fd, size_bytes)
+        return hasher.digest()
+    # Which pages were cached is asked a window ahead (the kernel's readahead of one window
+    # brings in the start of the next), and pages are dropped a window behind (a mapping's
+    # read-around reaches back into the window before).
+    before = {0: page_cache.resident_pages(fd, 0, min(WINDOW_BYTES, size_bytes))}
+    for start in range(0, size_bytes, WINDOW_BYTES):
+        end = min(size_bytes, start + WINDOW_BYTES)
+        if end < size_bytes:
+            before[end] = page_cache.resident_pages(fd, end, min(WINDOW_BYTES, size_bytes - end))
+        hasher.feed(fd, end)
+        if start >= WINDOW_BYTES:
+            page_cache.drop_new_pages(fd, start - WINDOW_BYTES, before.pop(start - WINDOW_BYTES))
+    last = max(before)
+    page_cache.drop_new_pages(fd, last, before[last])
     return hasher.digest()
 
 

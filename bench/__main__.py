@@ -12,7 +12,7 @@ import sys
 ENTRIES = {"compare": "compare", "curves": "curves", "scale": "scale", "cache-scale": "cache_scale",
            "signature": "signature", "signature-tail": "signature_tail",
            "signature-probe": "signature_probe", "startup": "startup",
-           "ceiling": "ceiling"}
+           "ceiling": "ceiling", "page-cache": "page_cache"}
 
 
 def main(argv: list[str]) -> int:

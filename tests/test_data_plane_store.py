@@ -2,7 +2,7 @@
 
 The store must sign exactly as botocore would (checked against botocore, and by
 SeaweedFS, which verifies every signature), leave to the S3 SDK what it cannot do
-(a listing for a model without a manifest, credentials that are not static keys),
+(credentials that are not static keys, an empty listing, a page it cannot read),
 and fail exactly as the SDK's store fails: there, it is the SDK's store that
 decides. The subprocess test at the end is the point of it all: a cold pull of a
 model with a manifest never imports the SDK.
@@ -44,6 +44,7 @@ from modelsync.adapters.ranged_http import RangeClient
 from modelsync.adapters.s3 import S3, open_s3
 from modelsync.backends import s3_backends
 from modelsync.config import Settings
+from modelsync.core import listing
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.core.sigv4 import Credentials
@@ -303,6 +304,19 @@ def test_seaweedfs_accepts_the_manifest_get_and_the_urls_signed_here_without_the
     assert not sdk_opened
 
 
+@pytest.mark.usefixtures("as_reader")
+@pytest.mark.seaweedfs
+@SEAWEED
+def test_seaweedfs_accepts_a_listing_signed_here_without_the_sdk(
+    tmp_path: Path, seaweedfs: SeaweedFS, seaweed_model: ModelRef
+) -> None:
+    settings = settings_for(seaweedfs.endpoint_url, tmp_path)
+    rows, sdk_opened = through_store(settings, listing_of(seaweed_model))
+
+    assert [key for key, _, _ in rows] == [seaweed_model.prefix + k for k in (MANIFEST_NAME, "weights.bin")]
+    assert not sdk_opened
+
+
 @pytest.mark.seaweedfs
 @SEAWEED
 def test_a_wrong_secret_is_access_denied_in_the_sdks_words(
@@ -324,22 +338,60 @@ def test_a_wrong_secret_is_access_denied_in_the_sdks_words(
 # ---- what the SDK does, and how errors end ----------------------------------------------------
 
 
-def test_a_model_without_a_manifest_is_listed_by_the_sdk_opened_only_then(
-    tmp_path: Path, static_keys: S3Env, s3_env: S3Env, s3_client: BaseClient, bucket: str
+#: keys a listing must carry whole: a space, non-ASCII, a plus, a percent sign, a control character
+ODD_KEYS = ("a b.bin", "naïve.json", "x+y.txt", "100%.md", "tab\there.txt")
+
+
+def listing_of(ref: ModelRef) -> Call:
+    """The call that lists `ref` on a store, as (key, size, ETag) rows."""
+
+    async def listing(store: Any) -> list[tuple[str, int, str]]:
+        return [(o.key, o.size_bytes, o.etag) for o in await store.list_model(ref)]
+
+    return listing
+
+
+def test_a_model_without_a_manifest_is_listed_here_page_by_page_as_the_sdk_lists_it(
+    tmp_path: Path, static_keys: S3Env, s3_env: S3Env, s3_client: BaseClient, bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ref = put_model(s3_client, bucket, manifest=False)
+    for key in ODD_KEYS:
+        s3_client.put_object(Bucket=bucket, Key=ref.prefix + key, Body=key.encode())
+    monkeypatch.setitem(listing.LIST_PARAMS, "max-keys", "2")  # 6 objects: three pages, signed as sent
+    settings = settings_for(s3_env.endpoint_url, tmp_path)
 
-    async def manifest_then_listing(store: DataPlaneStore) -> tuple[bytes | None, bool, list[str]]:
-        manifest = await store.get_manifest(ref, MANIFEST_NAME)
-        opened_for_it = store.sdk_opened
-        return manifest, opened_for_it, [o.key for o in await store.list_model(ref)]
+    rows, sdk_opened = through_store(settings, listing_of(ref))
 
-    (manifest, opened_for_manifest, keys), sdk_opened = through_store(
-        settings_for(s3_env.endpoint_url, tmp_path), manifest_then_listing
-    )
+    assert rows == through_sdk(settings, listing_of(ref))
+    assert sorted(r[0] for r in rows) == sorted(ref.prefix + k for k in (*ODD_KEYS, "weights.bin"))
+    assert not sdk_opened
 
-    assert (manifest, opened_for_manifest) == (None, False)
-    assert (keys, sdk_opened) == ([ref.prefix + "weights.bin"], True)
+
+def test_an_empty_listing_is_left_to_the_sdk_and_ends_in_its_words(
+    tmp_path: Path, static_keys: S3Env, s3_env: S3Env, bucket: str
+) -> None:
+    ref = parse_source(f"s3://{bucket}/org/nothing-here/")
+
+    error, sdk_opened = ends_as_the_sdk(settings_for(s3_env.endpoint_url, tmp_path), listing_of(ref))
+
+    assert "no objects under" in str(error)
+    assert sdk_opened
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not xml",
+        b"<Error><Code>AccessDenied</Code></Error>",
+        b"<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+        b"<ListBucketResult><Contents><Key>k</Key><Size>-1</Size><ETag>e</ETag></Contents></ListBucketResult>",
+        b"<ListBucketResult><Contents><Key>k</Key><Size>1</Size></Contents></ListBucketResult>",
+    ],
+    ids=["not-xml", "not-a-listing", "truncated-without-token", "negative-size", "no-etag"],
+)
+def test_a_listing_page_that_is_not_understood_is_none_so_the_sdk_is_asked(body: bytes) -> None:
+    assert listing.parse_list_page(body) is None
 
 
 def test_without_static_keys_the_sdk_store_serves_alone(tmp_path: Path, s3_env: S3Env) -> None:
@@ -480,6 +532,18 @@ def test_a_cold_pull_of_a_model_with_a_manifest_never_imports_the_s3_sdk(
     tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
 ) -> None:
     ref = put_model(s3_client, bucket)
+
+    done = cold_pull(no_proxy_env(child_env, tmp_path), ref, tmp_path / "cache")
+
+    assert done.returncode == 0, done.stderr
+    assert (Path(done.stdout.splitlines()[-1]) / "weights.bin").read_bytes() == WEIGHTS
+    assert done.stderr.splitlines()[-1] == "[]"
+
+
+def test_a_cold_pull_of_a_model_without_a_manifest_never_imports_the_s3_sdk(
+    tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
+) -> None:
+    ref = put_model(s3_client, bucket, manifest=False)
 
     done = cold_pull(no_proxy_env(child_env, tmp_path), ref, tmp_path / "cache")
 

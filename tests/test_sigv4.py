@@ -130,3 +130,27 @@ def test_a_signed_checksum_mode_header_is_signed_as_botocore_signs_it() -> None:
 
     assert urlsplit(ours)._replace(query="") == urlsplit(theirs)._replace(query="")
     assert parse_qs(urlsplit(ours).query) == parse_qs(urlsplit(theirs).query)
+
+
+@pytest.mark.parametrize("token", [None, "opaque/continuation+token=="])
+@pytest.mark.parametrize("prefix", ["org/model/rev1/", "org/with space/ünï+=&/"])
+def test_a_listing_page_is_signed_as_botocore_signs_list_objects_v2(prefix: str, token: str | None) -> None:
+    from modelsync.core.listing import list_params
+
+    creds = Credentials("AKIDEXAMPLE", "secret", "session-token")
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url="http://127.0.0.1:9000", region_name="eu-west-1",
+        aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
+        aws_session_token=creds.token,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )  # fmt: skip
+    params = {"Bucket": "bkt", "Prefix": prefix, "EncodingType": "url"}
+    if token is not None:
+        params["ContinuationToken"] = token
+    theirs = str(client.generate_presigned_url("list_objects_v2", Params=params, ExpiresIn=60))
+    base, when = base_and_time(theirs)
+
+    ours = QuerySigner("eu-west-1").presign_get(base, creds, when, 60, params=list_params(prefix, token))
+
+    assert urlsplit(ours).path == urlsplit(theirs).path
+    assert parse_qs(urlsplit(ours).query) == parse_qs(urlsplit(theirs).query)

@@ -5,7 +5,9 @@ all of it importing aiobotocore and botocore and creating a client, only to GET
 one small manifest. With static keys in the environment and an endpoint whose
 URLs core.sigv4 signs exactly as botocore does, this store presigns the
 manifest's URL itself, GETs it over the range client, and presigns every file's
-URL the same way: a pull of a model with a manifest never imports the SDK.
+URL the same way: a pull of a model with a manifest never imports the SDK, nor
+does one without a manifest whose objects are single-part (a multipart ETag needs
+the SDK's HEAD of the first part).
 
 What it serves itself, and what it leaves to the SDK (adapters/s3.py `S3`,
 opened on first need and closed with this store):
@@ -18,7 +20,10 @@ opened on first need and closed with this store):
 - `presign_get`: signed here with the environment's keys; by the SDK once it
   renewed the credentials, and for S3 Express buckets (botocore signs those
   for another host and service).
-- `list_model`, `head`, `first_part_bytes`, `renew_credentials`: the SDK.
+- `list_model` (a model without a manifest): ListObjectsV2 pages signed here and read
+  over the range client (core/listing.py); a refusal, a malformed page or an empty
+  listing is asked again of the SDK, as for the manifest.
+- `head`, `first_part_bytes`, `renew_credentials`: the SDK.
 
 `static_route` decides whether a route can be signed here; when it cannot,
 `open_store` opens the SDK's store alone, as every pull did before.
@@ -58,8 +63,12 @@ if TYPE_CHECKING:  # importing either at the top would load what this store exis
     from modelsync.adapters.s3 import S3
     from modelsync.core.parts import ObjectInfo
 
-#: lifetime of the manifest's URL, seconds: it is used at once, once
+#: lifetime of the manifest's URL (and a listing page's), seconds: it is used at once, once
 MANIFEST_URL_EXPIRY_S = 60
+#: a listing page of 1,000 keys is a few hundred KiB; a larger answer is not a page
+MAX_LIST_PAGE_BYTES = 16 * 1024 * 1024
+#: pages listed here before the SDK is asked instead (a model of a million files is not a model)
+MAX_LIST_PAGES = 1000
 #: sent (and signed) with the manifest's GET, as botocore sends it: the store returns its checksum
 _CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
 #: the store's checksums of a body checked here: header -> the digest it carries, base64-encoded
@@ -218,7 +227,38 @@ class DataPlaneStore:
         return await (await self._s3()).presign_get(bucket, key, expiry_s)
 
     async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
+        """Every object under the prefix, listed here page by page; anything else is the SDK's.
+
+        An empty listing goes to the SDK too: whether the prefix names an object instead
+        is its question to ask, in its words.
+        """
+        if self._signs(ref.bucket):
+            listed = await self._list_here(ref)
+            if listed:
+                return listed
         return await (await self._s3()).list_model(ref)
+
+    async def _list_here(self, ref: ModelRef) -> list[ObjectInfo] | None:
+        from modelsync.core.listing import list_params, parse_list_page
+
+        objects: list[ObjectInfo] = []
+        token = None
+        for _ in range(MAX_LIST_PAGES):
+            url = self._signer.presign_get(f"{self._route.base_url}/{quote_key(ref.bucket)}",
+                                           self._route.credentials, self._now(), MANIFEST_URL_EXPIRY_S,
+                                           params=list_params(ref.prefix, token))
+            try:
+                answer = await asyncio.to_thread(self._client.get_small, url, MAX_LIST_PAGE_BYTES)
+            except (ModelsyncError, TransientFetchError):
+                return None
+            page = parse_list_page(answer.body) if answer.status == 200 else None
+            if page is None:
+                return None
+            objects += page.objects
+            if page.next_token is None:
+                return objects
+            token = page.next_token
+        return None
 
     async def head(self, bucket: str, key: str) -> ObjectInfo:
         return await (await self._s3()).head(bucket, key)

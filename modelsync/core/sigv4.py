@@ -108,13 +108,15 @@ class QuerySigner:
         now: dt.datetime,
         expires_s: int,
         headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
     ) -> str:
         """`url` (path already percent-encoded, no query) signed for GET until now + expires_s.
 
         `host` is signed, and `headers` (lower-case names) if given: the request must
         then send them as given. Others, such as `Range` and `If-Match`, may be added
         freely, as with botocore's own presigned URLs. S3 refuses an `x-amz-*` header
-        that is not signed.
+        that is not signed. `params` are the request's own query parameters (a listing's
+        `list-type`, `prefix`, ...), signed with the rest of the query.
         """
         if "?" in url or "#" in url:
             raise ValueError("the URL to sign must carry no query or fragment")
@@ -125,6 +127,10 @@ class QuerySigner:
         fields = sorted({"host": self._host(origin), **(headers or {})}.items())
         signed = ";".join(name for name, _ in fields)
         query = self._canonical_query(creds, stamp, expires_s, signed)
+        if params:
+            pairs = [pair.split("=", 1) for pair in query.split("&")]
+            pairs += [[_quote_param(k), _quote_param(v)] for k, v in params.items()]
+            query = "&".join(f"{k}={v}" for k, v in sorted(pairs))
         canonical_headers = "".join(f"{name}:{value.strip()}\n" for name, value in fields)
         canonical = f"GET\n{path}\n{query}\n{canonical_headers}\n{signed}\nUNSIGNED-PAYLOAD"
         scope = f"{stamp[:8]}/{self.region}/{self.service}/aws4_request"

@@ -7,7 +7,8 @@ model-set-6g (12 x 512 MiB + 20 small: past the machine's dirty-page limits), sm
 (2,000 x 64 KiB), each into tmpfs and into disk destinations with a final sync (a directory in
 --cache-dir, and fresh loop-mounted XFS and ext4 file systems made by the harness when run as
 root); cold-64m (a 64 MiB model into tmpfs: whole processes, plus modelsync's time from spawn
-to its first request and first ranged GET from nginx's access log); warm-pull (a second pull
+to its first request and first ranged GET from nginx's access log); cold-64m-bare (the same
+model without a manifest, as other tools upload it: the pull lists the prefix); warm-pull (a second pull
 of a ready 100-file model: median of 10 whole processes, and proof via nginx's access log that
 it made no request). curl writes to /dev/null and runs on tmpfs scenarios only. Contenders run
 interleaved round by round; tables show medians, max/min across rounds and every round. How
@@ -35,14 +36,15 @@ from bench.nginx import NginxEndpoint
 from bench.report import Summary, summarise, summary_table, write_record
 from bench.servers import UploadedEndpoint
 
-SCENARIOS = ("object-4g", "model-set", "model-set-6g", "small-files", "cold-64m", "warm-pull")
+SCENARIOS = ("object-4g", "model-set", "model-set-6g", "small-files", "cold-64m", "cold-64m-bare",
+             "warm-pull")
 #: disk: a directory in --cache-dir (whatever file system that is); xfs and ext4: fresh
 #: loop-mounted file systems the harness makes itself (root only), like the nodes' cache
 DESTS = ("tmpfs", "disk", "xfs", "ext4")
 LOOP_FS = ("xfs", "ext4")
 ENDPOINTS = ("nginx", "seaweedfs", "moto")
 #: scenarios measured on tmpfs only: the start-up of a whole process, not the disk
-TMPFS_ONLY = ("cold-64m",)
+TMPFS_ONLY = ("cold-64m", "cold-64m-bare")
 WARM_RUNS = 10
 STARTUP_RUNS = 5
 DEST_TEXT = {"tmpfs": "tmpfs", "disk": "disk (--cache-dir), including the final sync",

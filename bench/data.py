@@ -51,6 +51,8 @@ class DataSet:
 
     name: str
     files: tuple[tuple[str, int], ...]
+    #: False for a model as other tools upload it: no manifest, so a pull lists the prefix
+    manifest: bool = True
 
     @property
     def bucket(self) -> str:
@@ -73,7 +75,8 @@ class DataSet:
 
 
 def datasets(small: bool) -> dict[str, DataSet]:
-    """The throughput sets, a 64 MiB model for the cold start and a 100-file one for the warm pull."""
+    """The throughput sets, a 64 MiB model for the cold start (with a manifest, and without one as
+    other tools upload it) and a 100-file one for the warm pull."""
     side = tuple(
         (name, round(KiB * (5 * 1024) ** (i / (len(_MODEL_SIDE_FILES) - 1))))
         for i, name in enumerate(_MODEL_SIDE_FILES)
@@ -84,12 +87,13 @@ def datasets(small: bool) -> dict[str, DataSet]:
     # what is available), as every real model is; below them "to disk" measures the page cache.
     shards_12 = tuple((f"model-{i:05d}-of-00012.safetensors", shard) for i in range(1, 13))
     n_small = 200 if small else 2000
+    cold = (("config.json", 4 * KiB), ("model.safetensors", 8 * MiB if small else 64 * MiB))
     return {
         "object-4g": DataSet("object-4g", (("object.bin", 64 * MiB if small else 4 * GiB),)),
         "model-set": DataSet("model-set", shards + side),
         "model-set-6g": DataSet("model-set-6g", shards_12 + side),
-        "cold-64m": DataSet("cold-64m", (("config.json", 4 * KiB),
-                                         ("model.safetensors", 8 * MiB if small else 64 * MiB))),
+        "cold-64m": DataSet("cold-64m", cold),
+        "cold-64m-bare": DataSet("cold-64m-bare", cold, manifest=False),
         "small-files": DataSet(
             "small-files", tuple((f"file-{i:05d}.bin", 64 * KiB) for i in range(n_small))
         ),
@@ -126,8 +130,11 @@ def prepare(ds: DataSet, data_root: Path, log: Callable[[str], None] = print) ->
         FileEntry(path=p, size_bytes=s, xxh3_128=digests[p], etag=nginx_etag((model_dir / p).stat()))
         for p, s in ds.files
     )
-    manifest = render_manifest(entries)
     target = model_dir / MANIFEST_NAME
+    if not ds.manifest:
+        target.unlink(missing_ok=True)
+        return Prepared(ds, entries)
+    manifest = render_manifest(entries)
     if not target.exists() or target.read_bytes() != manifest:
         target.write_bytes(manifest)
     return Prepared(ds, entries)

@@ -71,6 +71,8 @@ class UploadedEndpoint:
                 for path, _ in ds.files:
                     client.upload_file(str(ds.model_dir(self.data_root) / path), ds.bucket,
                                        f"{PREFIX}/{path}")
+                if not ds.manifest:
+                    continue
                 etags = {
                     o["Key"][len(PREFIX) + 1:]: o["ETag"].strip('"')
                     for page in client.get_paginator("list_objects_v2").paginate(

@@ -15,24 +15,31 @@ from __future__ import annotations
 
 import binascii
 import functools
-import json
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelsync.config_file import check_text, file_text, read_config_file
 from modelsync.config_values import (
+    DAY_S,
+    MAX_CONCURRENCY,
+    MAX_RATE_BYTES_PER_S,
+    WEEK_S,
     CacheBudget,
+    KiB,
     MiB,
+    bounded_count,
+    bounded_duration,
+    bounded_rate,
+    bounded_seconds,
+    bounded_size,
     check_part_bytes,
     parse_addressing_style,
     parse_bool,
     parse_budget,
     parse_endpoint_url,
-    parse_positive_float,
-    parse_positive_int,
-    parse_positive_size,
     parse_ratio,
     parse_signature_name,
     parse_string_list,
@@ -47,7 +54,7 @@ from modelsync.core.signature import (
     parse_rules,
     resolve,
 )
-from modelsync.core.units import parse_duration, parse_rate, parse_size
+from modelsync.core.units import parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -228,20 +235,20 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "addressing_style": parse_addressing_style,
     "ca_bundle": _ca_bundle,
     "insecure": parse_bool,
-    "concurrency": parse_positive_int,
+    "concurrency": bounded_count(1, MAX_CONCURRENCY),
     "part_size_bytes": lambda t: check_part_bytes(parse_size(t)),
-    "max_bandwidth_bytes_per_s": parse_rate,
-    "connect_timeout_s": parse_positive_float,
-    "read_timeout_s": parse_positive_float,
-    "part_attempts": parse_positive_int,
-    "retry_budget_s": parse_duration,
-    "backoff_floor_s": parse_positive_float,
-    "presign_expiry_s": parse_duration,
-    "read_chunk_bytes": parse_positive_size,
+    "max_bandwidth_bytes_per_s": bounded_rate(KiB, MAX_RATE_BYTES_PER_S),
+    "connect_timeout_s": bounded_seconds(0, 300),
+    "read_timeout_s": bounded_seconds(0, 3600),
+    "part_attempts": bounded_count(1, 100),
+    "retry_budget_s": bounded_duration(0, WEEK_S),
+    "backoff_floor_s": bounded_seconds(0, 60),
+    "presign_expiry_s": bounded_duration(1, WEEK_S),  # SigV4 signs for at most a week
+    "read_chunk_bytes": bounded_size(4 * KiB, 64 * MiB),
     "cache_budget": parse_budget,
     "high_watermark": parse_ratio,
     "low_watermark": parse_ratio,
-    "in_use_grace_s": parse_duration,
+    "in_use_grace_s": bounded_duration(0, 365 * DAY_S),
     "signature": parse_mode,
     "signature_public_keys": parse_string_list,
     "signature_certificate_chain": parse_string_list,
@@ -292,7 +299,7 @@ def load_settings(
     ConfigError naming where it came from; a bad value of a setting the command
     does not use leaves that setting at its default.
     """
-    file_values = _read_config_file(config_file) if config_file else {}
+    file_values = read_config_file(config_file) if config_file else {}
     unknown = set(file_values) - {f.name for f in fields(Settings)}
     if unknown:
         raise ConfigError(f"config file {config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
@@ -302,13 +309,13 @@ def load_settings(
             values[f.name] = flags[f.name]
             continue
         name = f.metadata["env"]
+        if name == "AWS_REGION" and not _given(env.get(name)):
+            name = "AWS_DEFAULT_REGION"  # the older name, read when the newer one is not given
         try:
-            if name in env:
+            if _given(env.get(name)):
                 values[f.name] = parse_setting(f.name, env[name], f"environment variable {name}")
-            elif name == "AWS_REGION" and "AWS_DEFAULT_REGION" in env:
-                values[f.name] = env["AWS_DEFAULT_REGION"]
-            elif f.name in file_values:
-                values[f.name] = parse_setting(f.name, str(file_values[f.name]), f"config file {config_file}")
+            elif _given(file_values.get(f.name)):
+                values[f.name] = _file_setting(f.name, f.type, file_values[f.name], config_file)
         except ConfigError:
             if needed is None or f.name in needed:
                 raise
@@ -323,6 +330,7 @@ def load_settings(
 def parse_setting(name: str, text: str, origin: str) -> Any:
     """One setting's value from text; `origin` (a flag, a variable, a file) is named in the error."""
     try:
+        check_text(text)
         return _PARSERS[name](text)
     except (ValueError, UsageError) as exc:
         error = type(exc) if isinstance(exc, ConfigError) else ConfigError  # CaBundleError keeps its code
@@ -331,26 +339,21 @@ def parse_setting(name: str, text: str, origin: str) -> Any:
         raise error(f"{subject}: {exc}") from None
 
 
-def _read_config_file(path: Path) -> dict[str, object]:
-    import tomllib  # only when there is a file: ~10 ms that most processes need not pay
+def _given(value: object) -> bool:
+    """Empty text means "not given", in a variable and in the file alike: `MODELSYNC_CACHE_DIR=`
+    (an unset variable in a manifest) falls back to the file or the default, never to the
+    current directory."""
+    return value is not None and not (isinstance(value, str) and not value.strip())
 
+
+def _file_setting(name: str, annotation: object, value: object, config_file: Path | None) -> Any:
+    """A config-file value of setting `name`, of a TOML type that fits the field's `annotation`."""
+    origin = f"config file {config_file}"
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
-    return {k: _file_text(v) for k, v in data.items()}
-
-
-def _file_text(value: object) -> object:
-    """A TOML value as the text its parser reads: booleans lowercase, lists and tables as JSON."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list | dict):
-        return json.dumps(value)
-    return value
+        text = file_text(value, str(annotation))
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: bad value for {name}: {exc}") from None
+    return parse_setting(name, text, origin)
 
 
 def config_file_from(flag: Path | None, env: Mapping[str, str]) -> Path | None:

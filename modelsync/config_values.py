@@ -8,16 +8,28 @@ turns it into one `ConfigError` line that names where the text came from.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from modelsync.core.units import format_bytes, parse_size
+from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_rate, parse_size
 
 __all__ = [
+    "DAY_S",
+    "MAX_CONCURRENCY",
     "MAX_PART_BYTES",
+    "MAX_RATE_BYTES_PER_S",
     "MIN_PART_BYTES",
+    "WEEK_S",
     "CacheBudget",
+    "KiB",
     "MiB",
+    "bounded_count",
+    "bounded_duration",
+    "bounded_rate",
+    "bounded_seconds",
+    "bounded_size",
     "check_part_bytes",
     "parse_addressing_style",
     "parse_bool",
@@ -31,7 +43,14 @@ __all__ = [
     "parse_string_list",
 ]
 
+KiB = 1024
 MiB = 1024 * 1024
+DAY_S = 86400
+WEEK_S = 7 * DAY_S
+#: ranged GETs in flight: each holds a connection and a receive buffer (read_chunk_bytes)
+MAX_CONCURRENCY = 256
+#: a download cap above a terabyte per second is no cap a node can reach: a typo
+MAX_RATE_BYTES_PER_S = 1024**4
 #: every part is one GET: below this a model takes thousands of requests for little data
 MIN_PART_BYTES = MiB
 #: above this a file gets few parallel GETs, and an interrupted pull loses parts that large
@@ -102,10 +121,89 @@ def _near(value: int, bound: int) -> str:
 
 
 def parse_positive_float(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if value <= 0:
         raise ValueError(f"{value} is not positive")
     return value
+
+
+def _finite(text: str) -> float:
+    """A plain decimal number: not NaN, not infinite, not a word."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
+
+def _within(value: float, low: float, high: float, show: Callable[[float], str], zero: str = "") -> None:
+    """`value` in [low, high] (or 0 when `zero` says what 0 means), else a ValueError with the bounds."""
+    if zero and value == 0:
+        return
+    if not low <= value <= high:
+        allowed = f"0 ({zero}) or " if zero else ""
+        raise ValueError(f"{show(value)} is out of range; use {allowed}{show(low)} to {show(high)}")
+
+
+def bounded_count(low: int, high: int) -> Callable[[str], int]:
+    """A whole number in [low, high] (concurrency, attempts)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a whole number") from None
+        _within(value, low, high, lambda v: str(int(v)))
+        return value
+
+    return parse
+
+
+def bounded_seconds(low: float, high: float) -> Callable[[str], float]:
+    """A finite number of seconds, more than `low`, at most `high` (timeouts, backoff)."""
+
+    def parse(text: str) -> float:
+        value = _finite(text)
+        if not low < value <= high:
+            raise ValueError(f"{value:g} s is out of range; use more than {low:g} s, at most {high:g} s")
+        return value
+
+    return parse
+
+
+def bounded_duration(low: float, high: float) -> Callable[[str], float]:
+    """A duration (`30s`, `10m`, `1h`) in [low, high]."""
+
+    def parse(text: str) -> float:
+        value = parse_duration(text)
+        _within(value, low, high, format_duration)
+        return value
+
+    return parse
+
+
+def bounded_size(low: int, high: int) -> Callable[[str], int]:
+    """A size (`1Mi`) in [low, high]."""
+
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        _within(value, low, high, lambda v: format_bytes(int(v)))
+        return value
+
+    return parse
+
+
+def bounded_rate(low: int, high: int) -> Callable[[str], int]:
+    """A rate (`500Mi/s`): 0 for no cap, else in [low, high]."""
+
+    def parse(text: str) -> int:
+        value = parse_rate(text)
+        _within(value, low, high, lambda v: f"{format_bytes(int(v))}/s", zero="no cap")
+        return value
+
+    return parse
 
 
 def parse_addressing_style(text: str) -> str:
@@ -118,7 +216,7 @@ def parse_budget(text: str) -> CacheBudget | None:
     """`500Gi`, `2T`, or `90%` of the filesystem; empty or 0 means no budget."""
     text = text.strip()
     if text.endswith("%"):
-        share = float(text[:-1]) / 100
+        share = _finite(text[:-1]) / 100
         if not 0 < share <= 1:
             raise ValueError(f"{text!r} is not a share between 0% and 100%")
         return CacheBudget(share=share)
@@ -127,7 +225,7 @@ def parse_budget(text: str) -> CacheBudget | None:
 
 
 def parse_ratio(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if not 0 < value <= 1:
         raise ValueError(f"{value} is not a ratio in (0, 1]")
     return value
@@ -144,6 +242,16 @@ def parse_endpoint_url(text: str) -> str | None:
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise ValueError(f"{text!r} is not an http:// or https:// URL with a host")
     parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    # The SDK puts the bucket after the host: a path here shifts every request, and the
+    # store answers "no such bucket" for a bucket that exists.
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"an endpoint URL carries no credentials: write {origin} and use the AWS chain")
+    if parts.path not in {"", "/"} or parts.query or parts.fragment or "#" in text or "?" in text:
+        raise ValueError(
+            f"{text!r} has a path; an endpoint is a scheme, a host and a port: write {origin} "
+            "(the bucket and the model go in the s3:// source)"
+        )
     return text
 
 

@@ -182,6 +182,7 @@ class World:
             "dir": str(model_dir),
             "typo": str(self.tmp_path / "typo"),
             "tls": endpoint.replace("http://", "https://"),
+            "config": str(self.tmp_path / "settings.toml"),
         }
 
 
@@ -214,6 +215,21 @@ def _faulty(kind: str) -> Callable[[World], None]:
 
 def _empty_cache(world: World) -> None:
     Cache(world.cache).ensure()
+
+
+def _config(content: str | bytes) -> Callable[[World], None]:
+    """A settings file at {config}, written as text (UTF-8) or as these exact bytes."""
+
+    def arrange(world: World) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        (world.tmp_path / "settings.toml").write_bytes(data)
+
+    return arrange
+
+
+def _config_fifo(world: World) -> None:
+    """{config} is a named pipe no one writes to: reading it would wait forever."""
+    os.mkfifo(world.tmp_path / "settings.toml")
 
 
 @dataclass(frozen=True)
@@ -325,6 +341,176 @@ MISTAKES = [
         USAGE,
         ("speaks plain HTTP", "http://"),
         s3="moto",
+    ),
+    # -- signature-rule scopes are prefixes: a glob, a file or a bucket no source has never matches
+    Mistake(
+        "signature-scope-a-glob-in-the-file",
+        (*PULL, "--config", "{config}"),
+        USAGE,
+        ("config file", "'s3://models/org/*' is a glob", "write s3://models/org/"),
+        arrange=_config('[[signature_rules]]\nscope = "s3://models/org/*"\nmode = "required"\n'),
+    ),
+    Mistake(
+        "signature-scope-a-glob-in-the-variable",
+        PULL,
+        USAGE,
+        ("MODELSYNC_SIGNATURE_RULES", "is a glob"),
+        env={"MODELSYNC_SIGNATURE_RULES": '[{"scope": "s3://models/org/*", "mode": "required"}]'},
+    ),
+    Mistake(
+        "signature-scope-a-file",
+        PULL,
+        USAGE,
+        ("MODELSYNC_SIGNATURE_RULES", "names a file", "write s3://models/org/m/"),
+        env={"MODELSYNC_SIGNATURE_RULES": '[{"scope": "s3://models/org/m/config.json", "mode": "required"}]'},
+    ),
+    Mistake(
+        "signature-scope-never-matches",
+        PULL,
+        USAGE,
+        ("'Models' is not a valid bucket name", "could never match"),
+        env={"MODELSYNC_SIGNATURE_RULES": '[{"scope": "s3://Models/org/", "mode": "required"}]'},
+    ),
+    # -- an endpoint is a scheme, a host and a port
+    Mistake(
+        "endpoint-with-a-path",
+        (*PULL, "--endpoint-url", "http://127.0.0.1:9000/s3"),
+        USAGE,
+        ("--endpoint-url", "has a path", "write http://127.0.0.1:9000 "),
+    ),
+    Mistake(
+        "publish-to-an-endpoint-with-a-path",
+        ("publish", "{dir}", "s3://models/org/m/", "-q"),
+        USAGE,
+        ("AWS_ENDPOINT_URL", "has a path"),
+        env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9000/s3/"},
+    ),
+    # -- the settings file: a regular UTF-8 file, of bounded size and nesting, values of the right type
+    Mistake(
+        "config-a-named-pipe",
+        ("ls", "--cache-dir", "{cache}", "--config", "{config}"),
+        USAGE,
+        ("is a named pipe, not a regular file",),
+        arrange=_config_fifo,
+    ),
+    Mistake(
+        "config-a-directory",
+        ("ls", "--cache-dir", "{cache}", "--config", "{dir}"),
+        USAGE,
+        ("is a directory, not a regular file",),
+    ),
+    Mistake(
+        "config-not-utf8",
+        ("ls", "--cache-dir", "{cache}", "--config", "{config}"),
+        USAGE,
+        ("is not UTF-8 text", "0xff"),
+        arrange=_config(b'region = "caf\xff"\n'),
+    ),
+    Mistake(
+        "config-too-large",
+        ("ls", "--cache-dir", "{cache}", "--config", "{config}"),
+        USAGE,
+        ("is larger than 1024 KiB",),
+        arrange=_config("# " + "x" * 1024 * 1024 + "\n"),
+    ),
+    Mistake(
+        "config-nested-too-deep",
+        (*PULL, "--config", "{config}"),
+        USAGE,
+        ("signature_rules", "nested more than 8 levels"),
+        arrange=_config("signature_rules = " + "[" * 5000 + "]" * 5000 + "\n"),
+    ),
+    Mistake(
+        "cache-dir-a-list-in-the-file",
+        ("ls", "--config", "{config}"),
+        USAGE,
+        ("cache_dir", "an array where a string belongs"),
+        arrange=_config('cache_dir = ["a", "b"]\n'),
+    ),
+    Mistake(
+        "cache-dir-a-number-in-the-file",
+        ("ls", "--config", "{config}"),
+        USAGE,
+        ("cache_dir", "an integer where a string belongs"),
+        arrange=_config("cache_dir = 5\n"),
+    ),
+    Mistake(
+        "cache-dir-with-a-nul",
+        ("ls", "--config", "{config}"),
+        USAGE,
+        ("cache_dir", "NUL character"),
+        arrange=_config('cache_dir = "/tmp/a\\u0000b"\n'),
+    ),
+    Mistake(
+        "concurrency-a-table-in-the-file",
+        (*PULL, "--config", "{config}"),
+        USAGE,
+        ("concurrency", "a table where"),
+        arrange=_config("concurrency = {threads = 8}\n"),
+    ),
+    # -- numbers are finite and bounded
+    Mistake(
+        "concurrency-absurd", (*PULL, "--concurrency", "1000000"), USAGE, ("out of range; use 1 to 256",)
+    ),
+    Mistake(
+        "concurrency-infinite",
+        PULL,
+        USAGE,
+        ("MODELSYNC_CONCURRENCY", "'inf'"),
+        env={"MODELSYNC_CONCURRENCY": "inf"},
+    ),
+    Mistake(
+        "read-timeout-not-a-number",
+        PULL,
+        USAGE,
+        ("MODELSYNC_READ_TIMEOUT", "'nan' is not a finite number"),
+        env={"MODELSYNC_READ_TIMEOUT": "nan"},
+    ),
+    Mistake(
+        "connect-timeout-infinite",
+        PULL,
+        USAGE,
+        ("MODELSYNC_CONNECT_TIMEOUT", "not a finite number"),
+        env={"MODELSYNC_CONNECT_TIMEOUT": "1e999"},
+    ),
+    Mistake(
+        "read-timeout-absurd",
+        PULL,
+        USAGE,
+        ("MODELSYNC_READ_TIMEOUT", "at most 3600 s"),
+        env={"MODELSYNC_READ_TIMEOUT": "100000000"},
+    ),
+    Mistake(
+        "read-chunk-absurd",
+        PULL,
+        USAGE,
+        ("MODELSYNC_READ_CHUNK", "use 4.0 KiB to 64.0 MiB"),
+        env={"MODELSYNC_READ_CHUNK": "100Gi"},
+    ),
+    Mistake(
+        "part-attempts-absurd",
+        PULL,
+        USAGE,
+        ("MODELSYNC_PART_ATTEMPTS", "use 1 to 100"),
+        env={"MODELSYNC_PART_ATTEMPTS": "99999999"},
+    ),
+    Mistake(
+        "presign-expiry-over-a-week",
+        PULL,
+        USAGE,
+        ("MODELSYNC_PRESIGN_EXPIRY", "out of range"),
+        env={"MODELSYNC_PRESIGN_EXPIRY": "30d"},
+    ),
+    Mistake(
+        "bandwidth-absurd", (*PULL, "--max-bandwidth", "5Ei/s"), USAGE, ("--max-bandwidth", "0 (no cap) or")
+    ),
+    Mistake(
+        "watermark-not-a-number",
+        ("ls", "--cache-dir", "{cache}"),
+        USAGE,
+        ("MODELSYNC_CACHE_HIGH_WATERMARK", "not a finite number"),
+        env={"MODELSYNC_CACHE_HIGH_WATERMARK": "nan"},
+        arrange=_empty_cache,
     ),
     # -- the cache directory
     Mistake(

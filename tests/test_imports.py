@@ -44,7 +44,7 @@ KNOWN_BREACHES: set[tuple[str, str]] = set()
 
 
 #: top-level modules that belong to a layer named otherwise
-LAYER_OF = {"config_values": "config"}
+LAYER_OF = {"config_values": "config", "config_file": "config"}
 
 
 def _layer(module: str) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from modelsync.core.refs import ModelRef
+from modelsync.core.scope import parse_scope
 from modelsync.errors import ConfigError, SignedContentError, UntrustedSignatureError, UsageError
 
 DEFAULT_SIGNATURE_NAME = "model.sig"
@@ -72,14 +73,8 @@ class SignatureRule:
 
 
 def scope_of(text: str) -> str:
-    """`s3://bucket/`, `s3://bucket/prefix`, `bucket/prefix/` or `*` as a scope."""
-    text = text.strip()
-    if text in {"", "*"}:
-        return ""
-    body = text.removeprefix("s3://").strip("/")
-    if not body or "//" in body:
-        raise UsageError(f"signature scope {text!r} is not s3://bucket/ or s3://bucket/prefix/")
-    return body + "/"
+    """`s3://bucket/`, `s3://bucket/prefix`, `bucket/prefix/` or `*` as a scope (core/scope.py)."""
+    return parse_scope(text, "signature scope")
 
 
 def resolve(rules: tuple[SignatureRule, ...], ref: ModelRef) -> SignatureRule:

@@ -1,0 +1,216 @@
+"""The settings file (TOML) and setting text, read as hostile input before any setting parses them.
+
+Every bound is checked before a parser runs, so no value reaches tomllib or json
+in a shape that makes it hang, recurse or fill memory:
+
+- the file is opened without blocking and must be a regular file (a named pipe
+  would hang every command; a device would be read forever), of at most
+  MAX_CONFIG_BYTES, in UTF-8;
+- a value nested deeper than MAX_NESTING (arrays and tables in the file, JSON in
+  a variable) is refused before it is parsed. In the file, that value alone is
+  set aside as `Unusable`, so it stops only the commands that use its setting;
+- a file value has the TOML type its setting reads: a path is a string, never a
+  list, a table or a number that would become a directory named after its text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsync.errors import ConfigError
+
+__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "Unusable", "check_text", "file_text", "read_config_file"]
+
+#: far more than any settings file needs (a few PEM keys inline are a few KiB)
+MAX_CONFIG_BYTES = 1024 * 1024
+#: arrays or tables inside each other; a signature rule needs 3
+MAX_NESTING = 8
+_OPEN = {"[": "]", "{": "}"}
+_QUOTES = ('"""', "'''", '"', "'")
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """A file value set aside before parsing; reading its setting raises ConfigError with `reason`."""
+
+    reason: str
+
+
+def check_text(text: str) -> None:
+    """A setting's text before its parser: no NUL, bounded size and nesting; else ValueError."""
+    if "\x00" in text:
+        raise ValueError("contains a NUL character")
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"is longer than {MAX_CONFIG_BYTES} characters")
+    for _key, depth, _start, _end in _deep_values(text, top_keys=False):
+        raise ValueError(_too_deep(depth))
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """The file's top-level keys and values; a value nested too deeply is `Unusable`."""
+    import tomllib  # only when there is a file: ~10 ms that most processes need not pay
+
+    text = _read_text(path)
+    unusable: dict[str, Unusable] = {}
+    for key, depth, start, end in reversed(list(_deep_values(text, top_keys=True))):
+        unusable[key] = Unusable(_too_deep(depth))
+        # a placeholder of the same lines, so tomllib's line numbers still hold
+        text = text[:start] + "0" + "\n" * text.count("\n", start, end) + text[end:]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+    return {**data, **unusable}
+
+
+def file_text(value: object, annotation: str) -> str:
+    """A file value as the text its setting's parser reads, if its TOML type fits `annotation`.
+
+    Booleans read as lowercase words, lists and tables as JSON; a setting typed as a
+    tuple takes a list, a number takes a number, and every other setting (paths,
+    names, URLs, modes) a string. A bad type is a ValueError.
+    """
+    if isinstance(value, Unusable):
+        raise ValueError(value.reason)
+    kind = _toml_type(value)
+    if annotation.startswith("tuple["):
+        allowed = {"string", "array"}
+    elif annotation.split(" |")[0] in {"int", "float", "CacheBudget"}:
+        allowed = {"string", "integer", "float"}
+    elif annotation == "bool":
+        allowed = {"string", "boolean"}
+    else:
+        allowed = {"string"}
+    if kind not in allowed:
+        wanted = " or ".join(sorted(allowed))
+        raise ValueError(f"{_article(kind)} {kind} where {_article(wanted)} {wanted} belongs")
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[0] in "aeiou" else "a"
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, str):
+        return "string"
+    return "date or time"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}
+            kind = kinds.get(stat.S_IFMT(mode), "a device")
+            raise ConfigError(f"config file {path} is {kind}, not a regular file; name a TOML file")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {path} is larger than {MAX_CONFIG_BYTES // 1024} KiB; is it the right file?"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
+
+
+def _too_deep(depth: int) -> str:
+    return f"nested more than {MAX_NESTING} levels deep (at least {depth}); a setting needs at most 3"
+
+
+def _deep_values(text: str, *, top_keys: bool) -> list[tuple[str, int, int, int]]:
+    """The values nested deeper than MAX_NESTING: (setting, depth, start, end) of each outermost one.
+
+    Scans TOML (which JSON also reads as, for brackets, braces and double-quoted strings)
+    without parsing it: strings and comments are skipped, `[` and `{` counted. With
+    `top_keys`, a `[table]` or `[[table]]` header at the start of a line names the setting
+    of the values below it, else a line's `key =` does; headers do not count as nesting.
+    """
+    found: list[tuple[str, int, int, int]] = []
+    depth = deepest = 0
+    start = 0
+    table = key = ""
+    i, n = 0, len(text)
+    line_start = True
+    while i < n:
+        ch = text[i]
+        if depth == 0 and top_keys and line_start and not ch.isspace():
+            line_start = False
+            end = text.find("\n", i)
+            line = text[i : n if end < 0 else end]
+            if ch == "[":
+                table = line.strip("[ \t").split("]")[0].split(".")[0].strip().strip("\"'")
+                i += len(line)
+                continue
+            if ch != "#":
+                key = table or line.split("=")[0].split(".")[0].strip().strip("\"'")
+        if ch == "\n":
+            line_start = True
+        elif ch == "#" and top_keys:
+            i = n if text.find("\n", i) < 0 else text.find("\n", i)
+            continue
+        elif ch in "\"'":
+            i = _string_end(text, i)
+            continue
+        elif ch in _OPEN:
+            if depth == 0:
+                start, deepest = i, 0
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}" and depth:
+            depth -= 1
+            if depth == 0 and deepest > MAX_NESTING:
+                found.append((key, deepest, start, i + 1))
+        i += 1
+    if depth and deepest > MAX_NESTING:
+        found.append((key, deepest, start, n))
+    return found
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index after the string that starts at `i` (basic strings honour backslash escapes)."""
+    quote = next(q for q in _QUOTES if text.startswith(q, i))
+    j = i + len(quote)
+    while j < len(text):
+        if quote[0] == '"' and text[j] == "\\":
+            j += 2
+            continue
+        if text.startswith(quote, j):
+            return j + len(quote)
+        if len(quote) == 1 and text[j] == "\n":
+            return j  # an unterminated one-line string ends with its line; tomllib reports it
+        j += 1
+    return len(text)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelsync.config_file import check_text, file_text, read_config_file
+from modelsync.config_file import check_text, file_text, read_config_file, read_regular_file
 from modelsync.config_values import (
     DAY_S,
     MAX_CONCURRENCY,
@@ -189,6 +189,8 @@ def _loads(path: str, _ino: int, _mtime_ns: int, _size: int) -> bool:
     return True
 
 
+#: the system bundle is about 220 KiB
+MAX_CA_BUNDLE_BYTES = 16 * MiB
 _PEM_BEGIN, _PEM_END = b"-----BEGIN CERTIFICATE-----", b"-----END CERTIFICATE-----"
 
 
@@ -202,12 +204,13 @@ def _ca_bundle(text: str) -> str | None:
     if not text:
         return None
     try:
-        with open(text, "rb") as fh:
-            pem = fh.read()
+        pem = read_regular_file(text, MAX_CA_BUNDLE_BYTES)
     except FileNotFoundError:
         raise CaBundleError(_no_ca_file(text)) from None
     except OSError as exc:
         raise CaBundleError(f"{text} cannot be read: {exc.strerror}") from None
+    except ValueError as exc:  # a named pipe, a directory, or far too large to be a CA bundle
+        raise CaBundleError(f"{text} {exc}; mount the object store's CA there") from None
     begin = pem.find(_PEM_BEGIN)
     end = pem.find(_PEM_END, begin)
     try:

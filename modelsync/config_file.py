@@ -23,7 +23,15 @@ from pathlib import Path
 
 from modelsync.errors import ConfigError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "Unusable", "check_text", "file_text", "read_config_file"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_NESTING",
+    "Unusable",
+    "check_text",
+    "file_text",
+    "read_config_file",
+    "read_regular_file",
+]
 
 #: far more than any settings file needs (a few PEM keys inline are a few KiB)
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -115,29 +123,34 @@ def _toml_type(value: object) -> str:
     return "date or time"
 
 
-def _read_text(path: Path) -> str:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+def read_regular_file(path: str | Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file, opened without blocking (a named pipe no one
+    writes to would hang the command). A file of another kind, or a longer one, is a
+    ValueError saying so; a file that cannot be opened is an OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}
-            kind = kinds.get(stat.S_IFMT(mode), "a device")
-            raise ConfigError(f"config file {path} is {kind}, not a regular file; name a TOML file")
+            raise ValueError(f"is {kinds.get(stat.S_IFMT(mode), 'a device')}, not a regular file")
         with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+            data = fh.read(limit + 1)
     finally:
         os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"config file {path} is larger than {MAX_CONFIG_BYTES // 1024} KiB; is it the right file?"
-        )
+    if len(data) > limit:
+        raise ValueError(f"is larger than {limit // 1024} KiB; is it the right file?")
+    return data
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = read_regular_file(path, MAX_CONFIG_BYTES)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"config file {path} {exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

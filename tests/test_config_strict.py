@@ -20,7 +20,7 @@ from support.s3env import S3Env
 
 from modelsync.config import CACHE_SETTINGS, Settings, load_settings
 from modelsync.config_file import MAX_NESTING, check_text
-from modelsync.errors import ConfigError
+from modelsync.errors import CaBundleError, ConfigError
 
 ENVIRONMENT = [f.metadata["env"] for f in fields(Settings)]
 
@@ -161,6 +161,13 @@ def test_a_named_pipe_as_the_settings_file_is_refused_without_waiting(tmp_path: 
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="is a named pipe, not a regular file"):
         load_settings({}, {}, fifo)
+
+
+def test_a_named_pipe_as_the_ca_bundle_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "ca.crt"
+    os.mkfifo(fifo)
+    with pytest.raises(CaBundleError, match="is a named pipe, not a regular file"):
+        load_settings({}, {"AWS_CA_BUNDLE": str(fifo)})
 
 
 def test_a_non_finite_number_never_reaches_settings() -> None:

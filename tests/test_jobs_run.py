@@ -219,3 +219,81 @@ def _until(condition: Any, timeout_s: float = 30) -> Iterator[None]:
         assert time.monotonic() < deadline, "timed out"
         yield
         time.sleep(0.1)
+
+
+# ---- values reach the YAML as quoted scalars, never pasted -------------------------------
+
+RUN_ON_POOL = Path(__file__).resolve().parents[1] / "jobs" / "run_on_pool.py"
+#: values that, pasted, would start a comment, a mapping, a flow collection, an anchor or a
+#: tag, read as another type, or end the string early
+HOSTILE_MODELS = [
+    "s3://models/org/a #1/",
+    "s3://models/org/a: b/",
+    "s3://models/org/{x}/[y]/",
+    's3://models/org/"quoted" and \'single\'/',
+    "&anchor *alias !!python/object:os.system",
+    "null",
+    "0x10",
+    "s3://models/org/back\\slash/é/",
+]
+
+
+def dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUN_ON_POOL), "--dry-run", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+@pytest.mark.parametrize("model", HOSTILE_MODELS)
+def test_the_runner_renders_a_hostile_model_and_image_as_one_string_each(model: str) -> None:
+    image = "registry.example/modelsync:1 # not a comment"
+    done = dry_run("--pool", POOL, "--nodes", "n1,n2", "--image", image, "prefetch", "--model", model)
+    assert done.returncode == 0, done.stderr
+    jobs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert [j["metadata"]["name"] for j in jobs] == ["modelsync-prefetch-n1", "modelsync-prefetch-n2"]
+    for job, node in zip(jobs, ("n1", "n2"), strict=True):
+        (container,) = pod_spec(job)["containers"]
+        assert container["args"] == ["prefetch", "--schedule", "/etc/modelsync/schedule.yaml", model]
+        assert container["image"] == image
+        terms = pod_spec(job)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+
+
+def test_a_newline_in_a_value_never_becomes_another_container_argument() -> None:
+    """Rendered directly (the runner refuses such a value before it gets here)."""
+    from support.kube import RUN_ON_POOL as runner
+
+    injected = "deepseek-v3\n            - --cache-dir\n            - /tmp/elsewhere"
+    image = "img:1\nimagePullPolicy: Always"
+    job = yaml.safe_load(runner.render_job("prefetch", "n1", POOL, image, injected))
+    (container,) = pod_spec(job)["containers"]
+    assert container["args"][-1] == injected and len(container["args"]) == 4
+    assert container["image"] == image
+    assert container["imagePullPolicy"] == "IfNotPresent"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--nodes", "n1,,n2", "ls"), "an empty node name"),
+        (("--nodes", "", "ls"), "an empty node name"),
+        (("--nodes", "n1: x", "ls"), "is not a Kubernetes node name"),
+        (("--pool", "b300 serving", "--nodes", "n1", "ls"), "not an accelerator.pool label value"),
+        (("--nodes", "n1", "prefetch", "--model", "deepseek-v3\n- --cache-dir"), "control character"),
+        (("--nodes", "n1", "prefetch", "--model=--cache-dir=/tmp/x"), "starts with '-'"),
+        (("--nodes", "n1", "prefetch"), "needs --model"),
+        (("--nodes", "n1", "--timeout", "0", "ls"), "--timeout: '0' is not a positive"),
+        (("--nodes", "n1", "--timeout", "inf", "ls"), "--timeout: 'inf' is not a positive, finite"),
+        (("--nodes", "n1", "--poll-interval", "-1", "ls"), "--poll-interval"),
+        (("--nodes", "n1", "--poll-interval", "nan", "ls"), "--poll-interval"),
+        (("--nodes", "n1", "--out", "/dev/null", "ls"), "exists and is not a directory"),
+    ],
+)
+def test_the_runner_refuses_a_bad_argument_with_one_line_and_exit_2(args: tuple[str, ...], says: str) -> None:
+    argv = args if "--pool" in args else ("--pool", POOL, *args)
+    done = dry_run(*argv)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: ") and says in line

@@ -494,7 +494,7 @@ elif args[:2] == ["get", "daemonset"]:
     print("registry.example.internal/platform/modelsync:9.9")
 elif args[0] == "apply":
     doc = sys.stdin.read()
-    name = [l.split(": ")[1] for l in doc.splitlines() if l.startswith("  name: ")][0]
+    name = [json.loads(l.split(": ")[1]) for l in doc.splitlines() if l.startswith("  name: ")][0]
     running = len([f for f in os.listdir(state) if not f.endswith((".done", ".polls"))])
     open(os.path.join(state, name), "w").write(doc)
     with open({str(tmp_path / "peaks")!r}, "a") as f:
@@ -534,7 +534,7 @@ elif args[:2] == ["get", "pods"]:
     peaks = [int(p) for p in (tmp_path / "peaks").read_text().split()]
     assert max(peaks) <= 2 and len(peaks) == 5
     applied = (state / "modelsync-verify-n1.done").read_text()
-    assert "image: registry.example.internal/platform/modelsync:9.9" in applied
+    assert 'image: "registry.example.internal/platform/modelsync:9.9"' in applied
     assert "1 of 5" not in done.stderr and "4 of 5 nodes succeeded" in done.stderr
 
 

@@ -54,7 +54,7 @@ from modelsync.core.signature import (
     parse_rules,
     resolve,
 )
-from modelsync.core.units import parse_size
+from modelsync.core.units import MIN_RATE_CAP_BYTES_PER_S, parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -240,7 +240,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "insecure": parse_bool,
     "concurrency": bounded_count(1, MAX_CONCURRENCY),
     "part_size_bytes": lambda t: check_part_bytes(parse_size(t)),
-    "max_bandwidth_bytes_per_s": bounded_rate(KiB, MAX_RATE_BYTES_PER_S),
+    "max_bandwidth_bytes_per_s": bounded_rate(MIN_RATE_CAP_BYTES_PER_S, MAX_RATE_BYTES_PER_S),
     "connect_timeout_s": bounded_seconds(0, 300),
     "read_timeout_s": bounded_seconds(0, 3600),
     "part_attempts": bounded_count(1, 100),

@@ -594,6 +594,20 @@ MISTAKES = [
         ("typo.yaml",),
     ),
     Mistake(
+        "plan-budget-not-a-size",
+        ("plan", "--schedule", "{schedule}", "--pool", "b300-serving", "--offline", "--budget", "half",
+         "--cache-dir", "{cache}"),
+        USAGE,
+        ("--budget", "'half'"),
+    ),
+    Mistake(
+        "plan-absurd-pool",
+        ("plan", "--schedule", "{schedule}", "--pool", "b300-serving", "--offline", "--nodes", "10000000",
+         "--store-bandwidth", "1", "--cache-dir", "{cache}"),
+        USAGE,
+        ("invalid --nodes 10000000", "1 to 100000"),
+    ),
+    Mistake(
         "prefetch-unknown-name",
         ("prefetch", "--schedule", "{schedule}", "nosuchname", "--cache-dir", "{cache}"),
         USAGE,

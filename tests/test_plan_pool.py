@@ -271,3 +271,62 @@ def test_the_last_node_is_never_ahead_of_one_node_alone_and_one_unbounded_node_i
         assert not (m.store_late and m.alone.late)
     alone = pool_plan(dict(zip(names, sizes, strict=True)), node_rate, 1, max(store, node_rate), *models)
     assert [m.last.ready_at for m in alone.models] == [m.alone.ready_at for m in alone.models]
+
+
+def test_plan_with_a_tiny_share_per_node_saturates_and_never_suggests_a_cap_of_0(
+    tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
+) -> None:
+    """1 B/s for 1,000 nodes is a thousandth of a byte per second each: no traceback, no `0/s`
+    (0 would remove the cap), and no lead that "would fit"."""
+    publish_manifest(s3_client, bucket, "deepseek-ai/DeepSeek-V3/2025-03-24/", 700 * GB)
+    publish_manifest(s3_client, bucket, "Qwen/Qwen3-0.6B/2025-04-29/", 2 * GB)
+
+    table = plan_cli(tmp_path, child_env, bucket, "--nodes", "1000", "--store-bandwidth", "1")
+    as_json = plan_cli(tmp_path, child_env, bucket, "--nodes", "1000", "--store-bandwidth", "1", "--json")
+
+    assert table.returncode == 0, table.stderr
+    assert "Traceback" not in table.stderr
+    assert "pool: 1000 nodes share 1 B/s of store egress: 0.001 B/s per node" in table.stdout
+    assert "the last node is done in over 100 years" in table.stdout
+    assert "suggest: --max-bandwidth" not in table.stdout
+    assert "suggest: fewer nodes pulling at once, or more store bandwidth" in table.stdout
+    row = [line for line in table.stdout.splitlines() if line.startswith("deepseek-v3")]
+    assert row[-1].endswith("LATE: not ready within 100 years at this rate"), row
+    assert "would fit" not in table.stdout
+
+    assert as_json.returncode == 0, as_json.stderr
+    pool = json.loads(as_json.stdout)["pool_wide"]
+    assert (pool["suggested_max_bandwidth"], pool["suggested_max_bandwidth_bytes_per_s"]) == (None, None)
+    assert pool["fill_s"] == 100 * 365 * 86400.0
+    assert all(m["suggested_lead_s"] is None for m in pool["models"])
+
+
+def test_plan_of_one_node_at_1_byte_per_second_saturates_instead_of_overflowing(
+    tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
+) -> None:
+    publish_manifest(s3_client, bucket, "deepseek-ai/DeepSeek-V3/2025-03-24/", 700 * GB)
+    publish_manifest(s3_client, bucket, "Qwen/Qwen3-0.6B/2025-04-29/", 2 * GB)
+
+    result = plan_cli(tmp_path, child_env, bucket, "--bandwidth", "1")
+
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "deepseek-v3" in line)
+    assert row.endswith("not ready within 100 years at this rate")
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable"),
+    [("0", "0"), ("50%", "50%"), ("6T", "6T"), ("", "")],
+    ids=["zero", "share", "size", "none"],
+)
+def test_plan_budget_reads_as_the_variable_it_stands_for(tmp_path: Path, flag: str, variable: str) -> None:
+    """`--budget 0` is no budget and `--budget 50%` half the cache's filesystem, as the variable reads."""
+    env = {k: v for k, v in os.environ.items() if k != "MODELSYNC_CACHE_MAX_BYTES"}
+    (tmp_path / "cache").mkdir()
+    with_flag = plan_cli(tmp_path, env, "models", "--offline", *(("--budget", flag) if flag else ()))
+    with_variable = plan_cli(tmp_path, {**env, "MODELSYNC_CACHE_MAX_BYTES": variable}, "models", "--offline")
+    assert with_flag.returncode == with_variable.returncode == 0, with_flag.stderr + with_variable.stderr
+    budget_line = with_flag.stdout.splitlines()[1]
+    assert budget_line == with_variable.stdout.splitlines()[1]
+    expected = {"0": "no budget", "": "no budget", "50%": "budget ", "6T": "budget 5.5 TiB"}[flag]
+    assert expected in budget_line

@@ -8,6 +8,7 @@ runs, pulls the models itself like `modelsync pull`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -27,7 +28,7 @@ from modelsync.cli.options import (
     SettingFlags,
     build_settings,
 )
-from modelsync.config import environment
+from modelsync.config import environment, parse_setting
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import UsageError
 from modelsync.warm import cold_pull
@@ -80,7 +81,10 @@ def plan(
         typer.Option(
             "--budget",
             metavar="SIZE",
-            help="Budget to plan with, e.g. 6T. [env var: MODELSYNC_CACHE_MAX_BYTES; default: none]",
+            help=(
+                "Budget to plan with, e.g. 6T or 90%; 0 = none. "
+                "[env var: MODELSYNC_CACHE_MAX_BYTES; default: none]"
+            ),
         ),
     ] = None,
     offline: Annotated[
@@ -121,7 +125,7 @@ def plan(
     from modelsync.core.plan import NodePlan, parse_instant, plan_node
     from modelsync.core.plan_view import plan_json, render_plan
     from modelsync.core.pool import plan_pool, pool_json, render_pool
-    from modelsync.core.units import parse_rate, parse_size
+    from modelsync.core.units import parse_rate
     from modelsync.engine.evict import budget_bytes
     from modelsync.engine.inventory import RemoteSizes, cache_entries, remote_sizes
 
@@ -153,7 +157,9 @@ def plan(
     for model_id, reason in sizes.unknown.items():
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
     rate = parse_rate(bandwidth or "0") or settings.max_bandwidth_bytes_per_s
-    limit = parse_size(budget) if budget else budget_bytes(settings)
+    if budget is not None:  # read as the variable is: `6T`, `90%` of the cache's filesystem, 0 for none
+        settings = replace(settings, cache_budget=parse_setting("cache_budget", budget, "--budget"))
+    limit = budget_bytes(settings)
 
     def replan(rate_bytes_per_s: float | None) -> NodePlan:
         return plan_node(

@@ -22,6 +22,7 @@ links count once, and a revision is never evicted for bytes it would not free.
 Expected ready times assume the daemon's behaviour: one model at a time, in
 fetch order, at `bandwidth_bytes_per_s`. A model of unknown size gets no
 estimate and does not delay the ones after it, so those are lower bounds.
+A rate so low that a model would take more than READY_HORIZON_S saturates there.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from modelsync.core.windows import load_zone
 from modelsync.errors import UsageError
 
 __all__ = [
+    "READY_HORIZON_S",
     "Action",
     "NodePlan",
     "PlannedModel",
@@ -52,6 +54,9 @@ __all__ = [
 ]
 
 _NO_SIZES: Mapping[str, int] = MappingProxyType({})
+#: expected ready times saturate this far from now: at a rate that needs longer the model is
+#: never ready in any useful sense (and a datetime ends at the year 9999)
+READY_HORIZON_S = 100 * 365 * 86400.0
 _WANTED_NOW = frozenset({SchedulePhase.ACTIVE, SchedulePhase.PREFETCH})
 
 
@@ -83,6 +88,8 @@ class PlannedModel:
     protected: str | None
     #: True when it has an `always` window (open at every instant)
     always: bool = False
+    #: True when `ready_at` saturated at READY_HORIZON_S from now: not ready in any useful time
+    beyond_horizon: bool = False
 
     @property
     def margin_s(self) -> float | None:
@@ -105,6 +112,8 @@ class PlannedModel:
             return ""
         if self.ready_at is None:
             return "size unknown" if self.size_bytes is None else "no bandwidth estimate"
+        if self.beyond_horizon:
+            return "not ready within 100 years at this rate"
         margin = self.margin_s
         if margin is None:
             return f"window already open; ready in {format_duration((self.ready_at - now).total_seconds())}"
@@ -187,8 +196,9 @@ def plan_node(
     eviction = plan_eviction(entries, use.over_bytes, now.timestamp(), grace_s, reasons)
     victims = frozenset(eviction.victims)
     ready_at = _expected_ready(desired, cached, remote_sizes, now, bandwidth_bytes_per_s)
+    horizon = now + timedelta(seconds=READY_HORIZON_S)
     planned = [
-        _planned(d, cached, remote_sizes, victims, reasons, ready_at.get(d.model.source.model_id))
+        _planned(d, cached, remote_sizes, victims, reasons, ready_at.get(d.model.source.model_id), horizon)
         for d in desired
     ]
     scheduled = {d.model.source.model_id for d in desired}
@@ -284,7 +294,8 @@ def _expected_ready(
             start = max(cursor, d.prefetch_at)
         else:
             continue
-        cursor = start + timedelta(seconds=size / bandwidth_bytes_per_s)
+        horizon = now + timedelta(seconds=READY_HORIZON_S)
+        cursor = min(start + timedelta(seconds=min(size / bandwidth_bytes_per_s, READY_HORIZON_S)), horizon)
         ready[model_id] = cursor
     return ready
 
@@ -296,6 +307,7 @@ def _planned(
     victims: frozenset[str],
     reasons: Mapping[str, str],
     ready_at: datetime | None,
+    horizon: datetime,
 ) -> PlannedModel:
     model_id = d.model.source.model_id
     entry = cached.get(model_id)
@@ -319,4 +331,5 @@ def _planned(
         ready_at=ready_at if entry is None else None,
         protected=("pinned" if entry is not None and entry.pinned else reasons.get(model_id)),
         always=window is not None and window.start is None,
+        beyond_horizon=entry is None and ready_at is not None and ready_at >= horizon,
     )

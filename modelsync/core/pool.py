@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from modelsync.core.plan import Action, NodePlan, PlannedModel
-from modelsync.core.units import format_bytes, format_duration
+from modelsync.core.plan import READY_HORIZON_S, Action, NodePlan, PlannedModel
+from modelsync.core.units import MIN_RATE_CAP_BYTES_PER_S, format_bytes, format_duration
 from modelsync.errors import UsageError
 
 __all__ = ["PoolModel", "PoolPlan", "PoolShare", "plan_pool", "pool_json", "rate_flag", "render_pool"]
@@ -43,6 +43,8 @@ __all__ = ["PoolModel", "PoolPlan", "PoolShare", "plan_pool", "pool_json", "rate
 _TIMED = (Action.FETCH, Action.LATER)
 _MINUTE_S = 60.0
 _BINARY_RATE_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("ki", 2**10))
+#: more nodes than any pool has: a typo, and a share that rounds to nothing
+MAX_POOL_NODES = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +57,8 @@ class PoolShare:
     node_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
-        if self.nodes < 1:
-            raise UsageError(f"invalid --nodes {self.nodes}; a pool has at least 1 node")
+        if not 1 <= self.nodes <= MAX_POOL_NODES:
+            raise UsageError(f"invalid --nodes {self.nodes}; a pool has 1 to {MAX_POOL_NODES} nodes")
         if not self.store_bytes_per_s > 0:
             raise UsageError("invalid --store-bandwidth; it must be more than 0, e.g. 50G/s")
 
@@ -103,8 +105,8 @@ class PoolModel:
     def suggested_lead_s(self) -> float | None:
         """A lead that lets the last node finish before the window opens; None when it already does."""
         margin, lead = self.last.margin_s, self.lead_s
-        if margin is None or margin >= 0 or lead is None:
-            return None
+        if margin is None or margin >= 0 or lead is None or self.last.beyond_horizon:
+            return None  # on time already, or no lead would make it (the rate saturated the plan)
         return math.ceil((lead - margin) / _MINUTE_S) * _MINUTE_S
 
 
@@ -123,17 +125,18 @@ class PoolPlan:
 
     @property
     def fill_s(self) -> float:
-        """Until the last node has everything wanted now, all starting at `at`."""
-        return self.node_fetch_bytes / self.share.per_node_bytes_per_s
+        """Until the last node has everything wanted now, all starting at `at` (saturates at the horizon)."""
+        return min(self.node_fetch_bytes / self.share.per_node_bytes_per_s, READY_HORIZON_S)
 
     @property
     def store_late(self) -> tuple[PoolModel, ...]:
         return tuple(m for m in self.models if m.store_late)
 
     @property
-    def suggested_max_bandwidth_bytes_per_s(self) -> int:
-        """The store's share per node, rounded down to what `rate_flag` prints."""
-        return _round_down_rate(self.share.share_bytes_per_s)[0]
+    def suggested_max_bandwidth_bytes_per_s(self) -> int | None:
+        """The store's share per node, rounded down to what `rate_flag` prints; None when that
+        is below the smallest cap (`--max-bandwidth 0` would mean no cap at all)."""
+        return _suggested_cap(self.share)[0]
 
 
 def plan_pool(
@@ -154,6 +157,13 @@ def plan_pool(
 def rate_flag(bytes_per_s: float) -> str:
     """A rate as a `--max-bandwidth` value, rounded down so N nodes never exceed the store: `476Mi/s`."""
     return _round_down_rate(bytes_per_s)[1]
+
+
+def _suggested_cap(share: PoolShare) -> tuple[int, str] | tuple[None, None]:
+    """The `--max-bandwidth` to suggest, or none when the share is below the smallest cap."""
+    if share.share_bytes_per_s < MIN_RATE_CAP_BYTES_PER_S:
+        return None, None
+    return _round_down_rate(share.share_bytes_per_s)
 
 
 def _round_down_rate(bytes_per_s: float) -> tuple[int, str]:
@@ -179,7 +189,7 @@ def pool_json(plan: PoolPlan) -> dict[str, object]:
         "pool_fetch_bytes": plan.pool_fetch_bytes,
         "fill_s": plan.fill_s,
         "suggested_max_bandwidth_bytes_per_s": plan.suggested_max_bandwidth_bytes_per_s,
-        "suggested_max_bandwidth": rate_flag(plan.share.share_bytes_per_s),
+        "suggested_max_bandwidth": _suggested_cap(plan.share)[1],
         "late": [m.alone.model_id for m in plan.store_late],
         "models": [
             {
@@ -207,12 +217,18 @@ def render_pool(plan: PoolPlan) -> list[str]:
         f"pool: {share.nodes} nodes share {_rate(share.store_bytes_per_s)} of store egress: "
         f"{_rate(share.per_node_bytes_per_s)} per node ({limit}{alone})",
         f"to fetch now across the pool: {format_bytes(plan.pool_fetch_bytes)}; "
-        f"the last node is done in {format_duration(plan.fill_s)}",
+        f"the last node is done in {_duration(plan.fill_s)}",
     ]
-    if share.store_bound:
+    cap = _suggested_cap(share)[1]
+    if share.store_bound and cap is not None:
         lines.append(
-            f"suggest: --max-bandwidth {rate_flag(share.share_bytes_per_s)} per node "
+            f"suggest: --max-bandwidth {cap} per node "
             "(the store's share; faster nodes only draw 503 SlowDown)"
+        )
+    elif share.store_bound:
+        lines.append(
+            f"suggest: fewer nodes pulling at once, or more store bandwidth: the store's share per node "
+            f"is under {_rate(MIN_RATE_CAP_BYTES_PER_S)}, the smallest cap (--max-bandwidth 0 means no cap)"
         )
     if plan.store_late:
         names = ", ".join(m.alone.label for m in plan.store_late)
@@ -233,5 +249,11 @@ def render_pool(plan: PoolPlan) -> list[str]:
     return lines
 
 
+def _duration(seconds: float) -> str:
+    return "over 100 years" if seconds >= READY_HORIZON_S else format_duration(seconds)
+
+
 def _rate(bytes_per_s: float) -> str:
+    if bytes_per_s < 1:  # a share too small for whole bytes still reads as what it is
+        return f"{bytes_per_s:.3g} B/s"
     return f"{format_bytes(int(bytes_per_s))}/s"

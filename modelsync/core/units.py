@@ -25,7 +25,18 @@ from decimal import Decimal, InvalidOperation
 
 from modelsync.errors import UsageError
 
-__all__ = ["format_bytes", "format_duration", "parse_duration", "parse_rate", "parse_size"]
+__all__ = [
+    "MIN_RATE_CAP_BYTES_PER_S",
+    "format_bytes",
+    "format_duration",
+    "parse_duration",
+    "parse_rate",
+    "parse_size",
+]
+
+#: the smallest download cap (`--max-bandwidth`) a setting takes: 0 means no cap, and a lower
+#: cap reads as a typo; advice that suggests a cap never goes below it
+MIN_RATE_CAP_BYTES_PER_S = 1024
 
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([kKMGTPE]i?)?B?$")
 _SIZE_FACTORS: dict[str, int] = {

@@ -162,12 +162,12 @@ def bounded_count(low: int, high: int) -> Callable[[str], int]:
 
 
 def bounded_seconds(low: float, high: float) -> Callable[[str], float]:
-    """A finite number of seconds, more than `low`, at most `high` (timeouts, backoff)."""
+    """A finite number of seconds in [low, high] (timeouts, backoff): below `low` every
+    request would time out, and the store would look down while it is healthy."""
 
     def parse(text: str) -> float:
         value = _finite(text)
-        if not low < value <= high:
-            raise ValueError(f"{value:g} s is out of range; use more than {low:g} s, at most {high:g} s")
+        _within(value, low, high, lambda v: f"{v:g} s")
         return value
 
     return parse

@@ -477,8 +477,16 @@ MISTAKES = [
         "read-timeout-absurd",
         PULL,
         USAGE,
-        ("MODELSYNC_READ_TIMEOUT", "at most 3600 s"),
+        ("MODELSYNC_READ_TIMEOUT", "use 0.1 s to 3600 s"),
         env={"MODELSYNC_READ_TIMEOUT": "100000000"},
+    ),
+    Mistake(
+        "publish-with-a-read-timeout-no-answer-beats",
+        ("publish", "{dir}", "s3://{bucket}/org/m/", "-q"),
+        USAGE,
+        ("MODELSYNC_READ_TIMEOUT", "1e-06 s is out of range"),
+        env={"MODELSYNC_READ_TIMEOUT": "0.000001"},
+        s3="moto",
     ),
     Mistake(
         "read-chunk-absurd",

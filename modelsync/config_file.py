@@ -107,20 +107,14 @@ def _article(noun: str) -> str:
     return "an" if noun[0] in "aeiou" else "a"
 
 
+#: TOML's names for the types tomllib returns; bool before int, since a bool is an int
+_TOML_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"), (int, "integer"), (float, "float"), (list, "array"), (dict, "table"), (str, "string")
+)
+
+
 def _toml_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, str):
-        return "string"
-    return "date or time"
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "date or time")
 
 
 def read_regular_file(path: str | Path, limit: int) -> bytes:

@@ -220,3 +220,17 @@ def test_cli_a_deeply_nested_rule_does_not_stop_ls(tmp_path: Path) -> None:
         "nested more than 8 levels deep (at least 5000); a setting needs at most 3"
     ]
 
+
+
+def test_cli_plan_is_not_stopped_by_a_signature_policy_it_does_not_use(tmp_path: Path) -> None:
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(
+        "version: 1\nmodels:\n  - source: s3://models/org/m/1/\n    pools: [p]\n    windows: [always]\n"
+    )
+    glob = '[{"scope": "s3://models/org/*", "mode": "required"}]'
+    planned = run_cli(
+        _env(tmp_path / "cache", MODELSYNC_SIGNATURE_RULES=glob),
+        "plan", "--schedule", str(schedule), "--pool", "p", "--offline",
+    )
+    assert planned.returncode == 0, planned.stderr
+    assert "pool p at " in planned.stdout

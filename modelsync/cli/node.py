@@ -28,7 +28,7 @@ from modelsync.cli.options import (
     SettingFlags,
     build_settings,
 )
-from modelsync.config import environment, parse_setting
+from modelsync.config import CACHE_SETTINGS, S3_SETTINGS, environment, parse_setting
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import UsageError
 from modelsync.warm import cold_pull
@@ -148,7 +148,9 @@ def plan(
             config=config,
             max_bandwidth=max_bandwidth,
             insecure=insecure,
-        )
+        ),
+        # a dry run reads the cache and asks S3 for sizes: a bad signature policy must not stop it
+        needed=CACHE_SETTINGS | S3_SETTINGS | {"max_bandwidth_bytes_per_s"},
     )
     entries = cache_entries(Cache(settings.cache_dir))
     ready = {e.model for e in entries if e.state is CacheState.READY}

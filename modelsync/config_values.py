@@ -116,6 +116,8 @@ def check_part_bytes(value: int) -> int:
 
 def _near(value: int, bound: int) -> str:
     """`value` in the units of `format_bytes`, exact when rounding would make it read as `bound`."""
+    if value > 2**100:  # format_bytes divides as a float
+        return "far more than 1 EiB"
     shown = format_bytes(value)
     return f"{value} B" if shown == format_bytes(bound) else shown
 
@@ -144,7 +146,8 @@ def _within(value: float, low: float, high: float, show: Callable[[float], str],
         return
     if not low <= value <= high:
         allowed = f"0 ({zero}) or " if zero else ""
-        raise ValueError(f"{show(value)} is out of range; use {allowed}{show(low)} to {show(high)}")
+        shown = show(value) if value <= 2 * high else "a number far too large"  # no float overflow
+        raise ValueError(f"{shown} is out of range; use {allowed}{show(low)} to {show(high)}")
 
 
 def bounded_count(low: int, high: int) -> Callable[[str], int]:
@@ -154,7 +157,8 @@ def bounded_count(low: int, high: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise ValueError(f"{text!r} is not a whole number") from None
+            quoted = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+            raise ValueError(f"{quoted} is not a whole number") from None
         _within(value, low, high, lambda v: str(int(v)))
         return value
 

@@ -15,6 +15,8 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.cli import MODELSYNC, run_cli
 from support.s3env import S3Env
 
@@ -177,6 +179,28 @@ def test_a_non_finite_number_never_reaches_settings() -> None:
     for f in fields(Settings):
         value = getattr(load_settings({}, {}), f.name)
         assert not (isinstance(value, float) and not math.isfinite(value))
+
+
+_NUMBERS = st.one_of(
+    st.integers(min_value=-(10**400), max_value=10**400).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["nan", "-inf", "1e400", "9" * 5000, "1_0", "0x10", "１２", "1" + "0" * 30 + "Ei"]),
+)
+_UNITS = st.sampled_from(["", "%", "d", "s", "Mi", "Ei", "Ei/s", "/s", "h30m"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(ENVIRONMENT),
+    text=st.one_of(st.text(max_size=40), st.builds(lambda n, u: n + u, _NUMBERS, _UNITS)),
+)
+def test_any_text_in_any_variable_is_a_value_or_one_config_error_never_a_crash(name: str, text: str) -> None:
+    if "\x00" in text:
+        text = text.replace("\x00", "")  # the environment cannot hold one
+    try:
+        load_settings({}, {name: text})
+    except ConfigError as exc:
+        assert "\n" not in str(exc) or "\n" in text
 
 
 # ---- through the real CLI ------------------------------------------------------------------

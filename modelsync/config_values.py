@@ -146,7 +146,7 @@ def _within(value: float, low: float, high: float, show: Callable[[float], str],
         return
     if not low <= value <= high:
         allowed = f"0 ({zero}) or " if zero else ""
-        shown = show(value) if value <= 2 * high else "a number far too large"  # no float overflow
+        shown = show(value) if abs(value) < 2**64 else "a number far too large"  # no float overflow
         raise ValueError(f"{shown} is out of range; use {allowed}{show(low)} to {show(high)}")
 
 

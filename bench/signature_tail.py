@@ -28,6 +28,7 @@ from modelsync.core.refs import parse_source
 from modelsync.core.signature import Mode
 from modelsync.engine.ensure import ensure_ready
 from modelsync.engine.events import NoEvents
+from modelsync.engine.rules import pull_rules
 
 
 class LastByte(NoEvents):
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     events = LastByte()
                     wall, cpu = time.monotonic(), time.process_time()
                     ref = parse_source(f"s3://{bucket}/model/")
-                    ensure_ready(ref, settings=settings, backends=s3_backends(settings), events=events)
+                    ensure_ready(pull_rules(settings, ref), backends=s3_backends(settings), events=events)
                     end = time.monotonic()
                     print(f"round {rnd} {'signed  ' if signed else 'unsigned'} wall {end - wall:6.2f} s  "
                           f"cpu {time.process_time() - cpu:5.2f} s  "

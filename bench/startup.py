@@ -60,7 +60,7 @@ def child(variant: str, url: str, bucket: str, key: str) -> dict[str, float]:
         from modelsync.config import Settings
         from modelsync.core.refs import parse_source
 
-        for module in ("modelsync.warm", "modelsync.engine.ensure", "modelsync.engine.pull"):
+        for module in ("modelsync.plain_pull", "modelsync.engine.ensure", "modelsync.engine.pull"):
             importlib.import_module(module)  # what a cold pull imports
         marks["imported"] = time.time()
 
@@ -79,7 +79,7 @@ def child(variant: str, url: str, bucket: str, key: str) -> dict[str, float]:
 
         from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
 
-        for module in ("modelsync.warm", "modelsync.adapters.ranged_http"):  # what a lean start loads
+        for module in ("modelsync.plain_pull", "modelsync.adapters.ranged_http"):  # what a lean start loads
             importlib.import_module(module)
         marks["imported"] = time.time()
         creds = Credentials(os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"],

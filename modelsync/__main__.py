@@ -12,7 +12,7 @@ def main() -> None:
     os.umask(os.umask(0) & ~0o070)
     interrupt.install()
     try:
-        from modelsync.warm import try_cold_pull, try_warm_pull
+        from modelsync.plain_pull import try_cold_pull, try_warm_pull
 
         path = try_warm_pull(sys.argv[1:], os.environ)
         if path is not None:

@@ -44,15 +44,12 @@ from modelsync.config_values import (
     parse_signature_name,
     parse_string_list,
 )
-from modelsync.core.refs import ModelRef
 from modelsync.core.signature import (
     DEFAULT_SIGNATURE_NAME,
     Mode,
     SignatureRule,
-    Trust,
     parse_mode,
     parse_rules,
-    resolve,
 )
 from modelsync.core.units import MIN_RATE_CAP_BYTES_PER_S, parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
@@ -126,19 +123,6 @@ class Settings:
     )
     #: the signature's object name under a model's prefix
     signature_name: str = field(default=DEFAULT_SIGNATURE_NAME, metadata={"env": "MODELSYNC_SIGNATURE_NAME"})
-
-    def signature_rule(self, ref: ModelRef) -> SignatureRule:
-        """The signature policy for `ref`: its most specific rule, else the global setting."""
-        default = SignatureRule(
-            "",
-            self.signature,
-            Trust(self.signature_public_keys, self.signature_certificate_chain, self.signature_identities),
-        )
-        return resolve((default, *self.signature_rules), ref)
-
-    def requires_signature(self, ref: ModelRef) -> bool:
-        """Whether only a model whose signature was verified may be served as `ref`."""
-        return self.signature_rule(ref).mode is Mode.REQUIRED
 
     def retry_policy(self) -> RetryPolicy:
         """The retry schedule both planes follow (budget, attempts, floor)."""

@@ -55,6 +55,7 @@ from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import cache_entries, remote_sizes
 from modelsync.engine.reconcile import EnsureReady, LoopConfig, Reconciler
+from modelsync.engine.rules import PullRules
 from modelsync.errors import ModelsyncError, ScheduleError, UsageError
 from modelsync.metrics import CONTENT_TYPE, DaemonMetrics
 
@@ -160,10 +161,8 @@ def _ensure_ready_over_s3(node: Settings) -> EnsureReady:
     """`ensure_ready` over the node's S3 backends, for the loop's pulls."""
     backends = s3_backends(node)
 
-    def ensure(
-        ref: ModelRef, *, settings: Settings, events: PullEvents, options: ReadyOptions
-    ) -> PullResult:
-        return ensure_ready(ref, settings=settings, backends=backends, events=events, options=options)
+    def ensure(rules: PullRules, *, events: PullEvents, options: ReadyOptions) -> PullResult:
+        return ensure_ready(rules, backends=backends, events=events, options=options)
 
     return ensure
 
@@ -296,11 +295,12 @@ async def _tenant_pull(
     ):
         raise UsageError(f"pull: 'lease_s' must be a number of seconds in (0, {MAX_LEASE_S:.0f}]")
     (ref,) = _allowed(reconciler, prefixes, [model])
+    rules = reconciler.rules_for(ref, None if lease_s is None else float(lease_s))
     (future,) = reconciler.request([ref], preempt=True)
     path = await future
     await asyncio.to_thread(reconciler.cache.touch, ref)
-    if lease_s is not None:
-        await asyncio.to_thread(reconciler.cache.lease, ref, time.time() + float(lease_s))
+    if rules.lease_s is not None:
+        await asyncio.to_thread(reconciler.cache.lease, ref, time.time() + rules.lease_s)
     log.info("served %s to a tenant pull", ref.model_id, extra={"model": ref.model_id, "lease_s": lease_s})
     return {"model": ref.model_id, "path": str(path)}
 

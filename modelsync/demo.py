@@ -92,6 +92,7 @@ def run_demo(keep: bool) -> None:
 
     from modelsync.backends import s3_backends
     from modelsync.engine.ensure import ensure_ready
+    from modelsync.engine.rules import pull_rules
     from modelsync.engine.upload import upload
 
     for name, value in (
@@ -122,7 +123,7 @@ def run_demo(keep: bool) -> None:
         result = asyncio.run(upload(settings, work / "model", ref))
         say(f"published {result.files} files to {ref.uri} with a manifest ({elapsed(t)})")
 
-        cold = ensure_ready(ref, settings=settings, backends=s3_backends(settings))
+        cold = ensure_ready(pull_rules(settings, ref), backends=s3_backends(settings))
         rate = cold.fetched_bytes / max(cold.elapsed_s, 1e-9)
         say(
             f"cold pull: {cold.files} files, {format_bytes(cold.fetched_bytes)} fetched, verified "

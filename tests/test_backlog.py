@@ -18,6 +18,7 @@ from modelsync.core.parts import Part
 from modelsync.core.refs import parse_source
 from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.ensure import ReadyOptions, ensure_ready
+from modelsync.engine.rules import pull_rules
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,7 +138,7 @@ def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_complet
     settings = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=2)
     backends = fake_backends(store, fetcher)
 
-    result = ensure_ready(REF, settings=settings, backends=backends, options=ReadyOptions())
+    result = ensure_ready(pull_rules(settings, REF), backends=backends, options=ReadyOptions())
 
     for name, body in files.items():
         assert (result.path / name).read_bytes() == body

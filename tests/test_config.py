@@ -117,3 +117,4 @@ def test_a_ca_bundle_swapped_for_a_broken_one_is_judged_again(tmp_path: Path) ->
     bundle.write_text(NOT_QUITE_A_CERTIFICATE)
     with pytest.raises(CaBundleError, match="holds no PEM certificate"):
         check_ca_bundle(str(bundle))
+

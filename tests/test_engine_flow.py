@@ -22,6 +22,7 @@ from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import NoEvents
 from modelsync.engine.ready import readiness, warm_path
+from modelsync.engine.rules import pull_rules
 from modelsync.errors import ChecksumMismatchError, PullCancelledError
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,11 +73,11 @@ def ensure(
     fetcher: FakeFetcher,
     ref: ModelRef = REF,
     events: NoEvents | None = None,
+    lease_s: float | None = None,
     **options: object,
 ) -> PullResult:
     return ensure_ready(
-        ref,
-        settings=settings,
+        pull_rules(settings, ref, lease_s=lease_s),
         backends=fake_backends(store, fetcher),
         events=events,
         options=ReadyOptions(**options),  # type: ignore[arg-type]

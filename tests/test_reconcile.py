@@ -20,13 +20,14 @@ import pytest
 
 from modelsync.config import Settings
 from modelsync.core.plan import NodePlan
-from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.refs import parse_source
 from modelsync.core.schedule import load_schedule
 from modelsync.engine.ensure import PullResult, ReadyOptions
 from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import RemoteSizes
 from modelsync.engine.pull import PullCancelledError
 from modelsync.engine.reconcile import LoopConfig, Reconciler
+from modelsync.engine.rules import PullRules
 from modelsync.errors import NotFoundError
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,9 +86,8 @@ class FakeEnsureReady:
         self.calls: list[tuple[str, ReadyOptions]] = []
         self.started = {model: [threading.Event() for _ in range(8)] for model in script}
 
-    def __call__(
-        self, ref: ModelRef, *, settings: Settings, events: PullEvents, options: ReadyOptions
-    ) -> PullResult:
+    def __call__(self, rules: PullRules, *, events: PullEvents, options: ReadyOptions) -> PullResult:
+        ref = rules.source
         attempt = sum(1 for model, _ in self.calls if model == ref.model_id)
         self.calls.append((ref.model_id, options))
         self.started[ref.model_id][attempt].set()

@@ -21,6 +21,7 @@ from modelsync.core.signature import (
     resolve,
     scope_of,
 )
+from modelsync.engine.rules import pull_rules
 from modelsync.errors import SignedContentError, UntrustedSignatureError, UsageError
 
 KEY = Trust(public_keys=("/trust/release.pem",))
@@ -87,10 +88,11 @@ def test_rules_from_the_config_file_and_the_environment(tmp_path: Path) -> None:
         'identities = ["release@example.com"]\n'
     )
     settings = load_settings({}, {"MODELSYNC_SIGNATURE_IDENTITIES": "x@example.com"}, config)
-    rule = settings.signature_rule(parse_source("s3://models/prod/m/"))
+    rule = pull_rules(settings, parse_source("s3://models/prod/m/")).signature
     assert rule.mode is Mode.REQUIRED
     assert rule.trust == Trust(("/trust/a.pem", "/trust/b.pem"), (), ("release@example.com",))
-    assert settings.signature_rule(parse_source("s3://other/m/")).trust.identities == ("x@example.com",)
+    other = pull_rules(settings, parse_source("s3://other/m/")).signature
+    assert other.trust.identities == ("x@example.com",)
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import xxhash
 from botocore.client import BaseClient
+from support.cli import run_cli
 
 from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import FileEntry
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import parse_source
 from modelsync.errors import ExitCode
-from modelsync.warm import try_warm_pull
+from modelsync.plain_pull import PLAIN_FLAGS, PLAIN_OPTIONS, try_warm_pull
 
 SOURCE = "s3://models/org/model/rev1/"
 
@@ -143,3 +144,66 @@ def test_a_plain_cold_pull_ends_an_error_as_the_full_command_does(
     assert done.returncode == int(ExitCode.NOT_FOUND)
     assert len(lines) == 2 and lines[0].startswith("error: ") and "Traceback" not in done.stderr
     assert lines[1] == "[]"  # answered without the full command line
+
+
+def test_the_fast_paths_options_are_options_of_the_full_pull_that_set_the_same_settings() -> None:
+    from typer.main import get_group
+
+    from modelsync.cli.app import app
+
+    full = get_group(app).commands["pull"]
+    setting_of = {option: param.name for param in full.params for option in param.opts}
+    assert {option: setting_of.get(option) for option in PLAIN_OPTIONS} == PLAIN_OPTIONS
+    assert {setting_of.get(flag) for flag in PLAIN_FLAGS} == {"quiet"}
+
+
+FULL_COMMAND_LINE = "import sys\nfrom modelsync.cli import run\nsys.exit(run(sys.argv[1:]))\n"
+
+
+@pytest.mark.parametrize(
+    ("situation", "answered_fast", "exit_code"),
+    [
+        ("a ready model", True, 0),
+        ("a model the store lacks", True, int(ExitCode.NOT_FOUND)),
+        ("an unsigned model the settings require signed", True, int(ExitCode.INTEGRITY)),
+        ("a signature policy that trusts no key", False, int(ExitCode.USAGE)),
+        ("a cache root that is a file", True, int(ExitCode.LOCAL_STORAGE)),
+    ],
+)
+def test_the_fast_path_reaches_the_full_commands_verdict(
+    tmp_path: Path,
+    s3_client: BaseClient,
+    bucket: str,
+    child_env: dict[str, str],
+    situation: str,
+    answered_fast: bool,
+    exit_code: int,
+) -> None:
+    """Same exit code, same path or `error:` line; and the fast path answered without typer where it can."""
+    source = f"s3://{bucket}/org/model/"
+    s3_client.put_object(Bucket=bucket, Key="org/model/weights.bin", Body=b"w" * 1000)
+    cache = tmp_path / "cache"
+    env = {**child_env, "MODELSYNC_CACHE_DIR": str(cache)}
+    if situation == "a ready model":
+        assert run_cli(env, "pull", source, "-q").returncode == 0
+    elif situation == "a model the store lacks":
+        source = f"s3://{bucket}/org/missing/"
+    elif situation == "an unsigned model the settings require signed":
+        key = tmp_path / "release.pub.pem"
+        key.write_text("-----BEGIN PUBLIC KEY-----\n")
+        env |= {"MODELSYNC_SIGNATURE": "required", "MODELSYNC_SIGNATURE_PUBLIC_KEYS": str(key)}
+    elif situation == "a signature policy that trusts no key":
+        env["MODELSYNC_SIGNATURE"] = "required"
+    else:
+        cache.write_text("not a directory")
+
+    fast = run_cli(env, "pull", source, "-q", code=MAIN_REPORTING_IMPORTS)
+    full = run_cli(env, "pull", source, "-q", code=FULL_COMMAND_LINE)
+
+    def verdict(done: subprocess.CompletedProcess[str]) -> tuple[int, list[str], list[str]]:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        return done.returncode, done.stdout.splitlines(), errors
+
+    assert verdict(fast) == verdict(full)
+    assert fast.returncode == exit_code, fast.stderr
+    assert (fast.stderr.splitlines()[-1] == "[]") is answered_fast

@@ -35,6 +35,7 @@ from modelsync.core.refs import parse_model_name
 from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_size
 from modelsync.engine.catalog import Catalog, ModelView, open_catalog
 from modelsync.engine.evict import budget_bytes, evict
+from modelsync.engine.rules import pull_rules
 from modelsync.errors import IntegrityError, UsageError
 
 ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="Cached model (bucket/prefix or s3:// URI).")]
@@ -213,7 +214,14 @@ def verify(
         settings = build_settings(SettingFlags(cache_dir=cache_dir, config=config), needed=needed)
     cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
-        report = run_verify(cache, catalog, model, full, settings.signature_rule, settings.signature_name)
+        report = run_verify(
+            cache,
+            catalog,
+            model,
+            full,
+            lambda ref: pull_rules(settings, ref).signature,  # the policy a pull of it obeys
+            settings.signature_name,
+        )
         quarantined = [v.model for v in catalog.views() if v.state is CacheState.QUARANTINED]
     if as_json:
         doc = {
@@ -251,18 +259,13 @@ def verify(
 
 
 def _repair(settings: Settings, cache: Cache, model: str, quiet: bool) -> None:
-    from modelsync.backends import s3_backends
-    from modelsync.engine.ensure import ensure_ready
+    """Fetch the bad files again: a foreground pull, under the same rules as `pull`."""
     from modelsync.engine.maintain import prepare_repair
-    from modelsync.progress import StderrProgress
+    from modelsync.foreground_pull import foreground_pull
 
     with open_catalog(cache) as catalog:
         ref = prepare_repair(cache, catalog, model, settings.part_size_bytes)
-    progress = StderrProgress(ref.model_id, quiet=quiet)
-    try:
-        result = ensure_ready(ref, settings=settings, backends=s3_backends(settings), events=progress)
-    finally:
-        progress.close()
+    result = foreground_pull(pull_rules(settings, ref), quiet)
     typer.echo(f"repaired {ref.model_id}: fetched {format_bytes(result.fetched_bytes)}")
 
 

@@ -3,14 +3,14 @@
 `plan` and `daemon` read the schedule through the same loader and decide with
 the same pure planner (core/plan.py), so the dry run shows what the daemon
 does. `prefetch` asks a running daemon over its Unix socket and, when none
-runs, pulls the models itself like `modelsync pull`.
+runs, pulls the models itself under the same rules (engine/rules.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,10 +28,12 @@ from modelsync.cli.options import (
     SettingFlags,
     build_settings,
 )
-from modelsync.config import CACHE_SETTINGS, S3_SETTINGS, environment, parse_setting
+from modelsync.config import CACHE_SETTINGS, S3_SETTINGS, Settings, environment, parse_setting
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import UsageError
-from modelsync.warm import cold_pull
+
+if TYPE_CHECKING:
+    from modelsync.core.schedule import Schedule
 
 ScheduleFile = Annotated[
     Path,
@@ -299,11 +301,19 @@ def prefetch(
     insecure: Insecure = False,
     quiet: Quiet = False,
 ) -> None:
-    """Ask the running daemon to stage models now and print their paths; without one, pull them here."""
-    from modelsync import api
-    from modelsync.engine.ensure import ReadyOptions
+    """Ask the running daemon to stage models now and print their paths; without one, pull them here.
 
-    refs = _resolve_models(models, schedule)
+    Here, each model obeys the same rules as the daemon's pull of it: the settings,
+    and the --schedule entry's (its signature policy) when it names the model.
+    """
+    from modelsync import api
+
+    loaded = None
+    if schedule is not None:
+        from modelsync.adapters.schedule_file import read_schedule
+
+        loaded = read_schedule(schedule)
+    refs = _resolve_models(models, schedule, loaded)
     settings = build_settings(
         SettingFlags(
             cache_dir=cache_dir,
@@ -322,8 +332,7 @@ def prefetch(
         typer.echo("warning: the daemon stopped before answering; pulling here", err=True)
         reply = None
     if reply is None:
-        for ref in refs:
-            typer.echo(str(cold_pull(settings, ref, quiet, ReadyOptions(use=False))))
+        _prefetch_here(settings, refs, loaded, quiet)
         return
     if not reply.get("ok"):
         raise api.error_from_reply(reply)
@@ -340,14 +349,23 @@ def prefetch(
         raise typer.Exit(int(api.error_from_reply(failed).exit_code))
 
 
-def _resolve_models(models: list[str], schedule: Path | None) -> list[ModelRef]:
-    """Each MODEL is a schedule name (with --schedule), an s3:// URI or `bucket/prefix`."""
-    if schedule is None:
-        return [parse_model_name(m) for m in models]
-    from modelsync.adapters.schedule_file import read_schedule
+def _prefetch_here(settings: Settings, refs: list[ModelRef], schedule: Schedule | None, quiet: bool) -> None:
+    """No daemon answers: pull each model in this process, under the rules the daemon would apply."""
+    from modelsync.engine.ensure import ReadyOptions
+    from modelsync.engine.rules import pull_rules
+    from modelsync.foreground_pull import foreground_pull
 
-    names = {m.name: m.source for m in read_schedule(schedule).models if m.name is not None}
-    return [names[m] if m in names else _uri_or_unknown_name(m, schedule, names) for m in models]
+    rules = [pull_rules(settings, ref, schedule) for ref in refs]  # a bad policy stops before any pull
+    for each in rules:
+        typer.echo(str(foreground_pull(each, quiet, ReadyOptions(use=False)).path))
+
+
+def _resolve_models(models: list[str], path: Path | None, schedule: Schedule | None) -> list[ModelRef]:
+    """Each MODEL is a schedule name (with --schedule), an s3:// URI or `bucket/prefix`."""
+    if path is None or schedule is None:
+        return [parse_model_name(m) for m in models]
+    names = {m.name: m.source for m in schedule.models if m.name is not None}
+    return [names[m] if m in names else _uri_or_unknown_name(m, path, names) for m in models]
 
 
 def _uri_or_unknown_name(text: str, schedule: Path, names: dict[str, ModelRef]) -> ModelRef:

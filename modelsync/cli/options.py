@@ -1,5 +1,4 @@
-"""What every command shares: the error-to-exit-code mapping, common options, Settings from flags,
-and the foreground pull that `pull` and `prefetch` (without a daemon) both run.
+"""What every command shares: the error-to-exit-code mapping, common options, Settings from flags.
 
 Kept apart from the command modules (pull, cache, node) so they can all use it without
 importing each other.
@@ -28,7 +27,7 @@ from modelsync.config import (
 from modelsync.config_values import MAX_PART_BYTES, MIN_PART_BYTES
 from modelsync.core.units import format_bytes
 from modelsync.errors import ModelsyncError, NotFoundError
-from modelsync.warm import usable_cache
+from modelsync.foreground_pull import usable_cache
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -6,7 +6,6 @@ stack, and where the cache is read-only (a tenant pod) the node daemon stages it
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -26,11 +25,12 @@ from modelsync.cli.options import (
     SettingFlags,
     build_settings,
 )
-from modelsync.config import S3_SETTINGS, Settings
-from modelsync.core.refs import ModelRef, parse_source
+from modelsync.config import S3_SETTINGS
+from modelsync.core.refs import parse_source
 from modelsync.core.units import parse_duration
+from modelsync.engine.rules import PullRules, pull_rules
 from modelsync.errors import LocalStorageError, UsageError
-from modelsync.warm import cold_pull, usable_cache
+from modelsync.foreground_pull import foreground_pull, read_only
 
 
 def pull(
@@ -77,26 +77,26 @@ def pull(
             insecure=insecure,
         )
     )
-    if os.path.isdir(settings.cache_dir) and not os.access(settings.cache_dir, os.W_OK):
+    rules = pull_rules(settings, ref, lease_s=lease_s)
+    if read_only(settings.cache_dir):
         if verify:
             raise UsageError("--verify needs a writable cache; run `modelsync verify` where the cache is")
-        typer.echo(str(_tenant_pull(settings, ref, lease_s)))
+        typer.echo(str(_tenant_pull(rules)))
         return
     from modelsync.engine.ensure import ReadyOptions
 
-    usable_cache(settings)
-    typer.echo(str(cold_pull(settings, ref, quiet, ReadyOptions(verify=verify, lease_s=lease_s))))
+    typer.echo(str(foreground_pull(rules, quiet, ReadyOptions(verify=verify)).path))
 
 
-def _tenant_pull(settings: Settings, ref: ModelRef, lease_s: float | None) -> Path:
+def _tenant_pull(rules: PullRules) -> Path:
     from modelsync import api
     from modelsync.engine.ready import warm_path
 
-    cache_dir = settings.cache_dir
-    if api.pull_via_daemon(cache_dir, ref, lease_s) is not None:
+    ref, cache_dir = rules.source, rules.settings.cache_dir
+    if api.pull_via_daemon(cache_dir, ref, rules.lease_s) is not None:
         # The daemon's path is in its own mount; print it as this pod sees the cache.
         return Cache(cache_dir).ready_path(ref)
-    path = warm_path(cache_dir, ref, settings.requires_signature(ref))
+    path = warm_path(cache_dir, ref, rules.signed_only)
     if path is None:
         raise LocalStorageError(
             f"the cache {cache_dir} is read-only here and no modelsync daemon answers on "

@@ -1,5 +1,9 @@
 """The one way a model is made ready: `pull`, `prefetch`, the daemon and `verify --repair` all call it.
 
+It takes the pull's rules (engine/rules.py `pull_rules`: settings, signature
+policy, lease) and nothing else that decides what a pull obeys, so no entry can
+reach it with rules of its own making.
+
 `ensure_ready` applies one readiness rule (engine/ready.py `readiness`): the
 record, one lstat per file, and the signature when the policy requires one. A
 ready model returns at once, without the lock; otherwise, under the model's
@@ -28,12 +32,12 @@ from typing import TYPE_CHECKING
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.foreground import announce
-from modelsync.config import Settings
 from modelsync.core.refs import ModelRef
 from modelsync.engine.events import NoEvents, PullEvents
 from modelsync.engine.maintain import repair_ready, verify_ready
 from modelsync.engine.ports import OpenBackends
 from modelsync.engine.ready import Problem, Readiness, readiness
+from modelsync.engine.rules import PullRules
 
 if TYPE_CHECKING:
     from modelsync.engine.pull import Pulled
@@ -56,8 +60,6 @@ class ReadyOptions:
 
     #: re-hash a ready model against its record first; bad files are fetched again
     verify: bool = False
-    #: hold the model in use this many seconds once ready (making room skips it); None: no lease
-    lease_s: float | None = None
     #: record a use even when the model was ready already (a pull does; a prefetch or a
     #: refresh check does not, or every check would move it to the back of the eviction order)
     use: bool = True
@@ -72,16 +74,16 @@ class ReadyOptions:
 
 
 def ensure_ready(
-    ref: ModelRef,
+    rules: PullRules,
     *,
-    settings: Settings,
     backends: OpenBackends,
     events: PullEvents | None = None,
     options: ReadyOptions | None = None,
 ) -> PullResult:
-    """Make `ref` ready in the cache and return where; waits for another puller of it.
+    """Make `rules.source` ready in the cache and return where; waits for another puller of it.
 
-    `backends` opens the object store and the range fetcher for the pull (the
+    `rules` is what the pull obeys (engine/rules.py `pull_rules`); `options` how
+    the caller waits on it. `backends` opens the object store and the range fetcher for the pull (the
     edge builds it: `modelsync.backends.s3_backends`). A ready model without a
     verified signature, under a policy that now requires one, is checked again:
     its files are reused (hard links), hashed, and compared with the signature
@@ -90,12 +92,13 @@ def ensure_ready(
     events = events or NoEvents()
     options = options or ReadyOptions()
     started = time.monotonic()
+    ref, settings = rules.source, rules.settings
     cache = Cache(settings.cache_dir)
     cache.ensure()
-    signed_only = settings.requires_signature(ref)
+    signed_only = rules.signed_only
     state = readiness(cache, ref, signed_only)
     if state.ready and not (options.verify or options.refresh):
-        return _done(cache, ref, options, _ready_result(cache, ref, state, started))
+        return _done(cache, rules, options, _ready_result(cache, ref, state, started))
     with contextlib.ExitStack() as stack:
         announced = options.foreground and not state.ready
         if announced:
@@ -112,15 +115,14 @@ def ensure_ready(
             repair_ready(cache, ref, state.record, {p.path for p in state.damaged}, settings.part_size_bytes)
             state = Readiness(None)
         if state.ready and not options.refresh:
-            return _done(cache, ref, options, _ready_result(cache, ref, state, started))
+            return _done(cache, rules, options, _ready_result(cache, ref, state, started))
         if options.foreground and not announced:
             # found damaged only now (verify): the re-fetch is a foreground pull too
             stack.enter_context(announce(settings.cache_dir, ref))
         from modelsync.engine.pull import pull_revision  # here: only a fetch needs the data plane
 
         pulled = pull_revision(
-            settings,
-            ref,
+            rules,
             cache,
             lock,
             events,
@@ -132,7 +134,7 @@ def ensure_ready(
         )
         result = _pulled(pulled, started)
     # A new copy is a use; a refresh check of a ready model is not.
-    return _done(cache, ref, replace(options, use=options.use or state.record is None), result)
+    return _done(cache, rules, replace(options, use=options.use or state.record is None), result)
 
 
 def _pulled(pulled: Pulled, started: float) -> PullResult:
@@ -158,10 +160,10 @@ def _report(problems: Iterable[Problem], events: PullEvents) -> None:
         events.damaged(p.path, p.reason)
 
 
-def _done(cache: Cache, ref: ModelRef, options: ReadyOptions, result: PullResult) -> PullResult:
+def _done(cache: Cache, rules: PullRules, options: ReadyOptions, result: PullResult) -> PullResult:
     """Record the use and the lease of a model that is ready now."""
     if options.use:
-        cache.touch(ref)
-    if options.lease_s is not None:
-        cache.lease(ref, time.time() + options.lease_s)
+        cache.touch(rules.source)
+    if rules.lease_s is not None:
+        cache.lease(rules.source, time.time() + rules.lease_s)
     return result

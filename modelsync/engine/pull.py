@@ -30,7 +30,6 @@ from typing import NamedTuple
 
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
-from modelsync.config import Settings
 from modelsync.core.keys import safe_relative_path
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
 from modelsync.core.parts import (
@@ -43,7 +42,6 @@ from modelsync.core.parts import (
     plan_pull,
 )
 from modelsync.core.record import CompletionRecord, weakest
-from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes
 from modelsync.core.verify import check_file, md5_part_bytes, needs_first_part, restart, unchanged
 from modelsync.engine.catalog import Catalog, open_catalog
@@ -52,6 +50,7 @@ from modelsync.engine.events import ByteCounter, PullEvents
 from modelsync.engine.evict import make_room
 from modelsync.engine.fetch import FetchWindow, leave_signals_to_the_main_thread
 from modelsync.engine.ports import Backends, OpenBackends
+from modelsync.engine.rules import PullRules
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import store_gate
 from modelsync.engine.trust import SignatureCheck, final_check
@@ -118,8 +117,7 @@ class Pulled(NamedTuple):
 
 
 def pull_revision(
-    settings: Settings,
-    ref: ModelRef,
+    rules: PullRules,
     cache: Cache,
     lock: ModelLock,
     events: PullEvents,
@@ -130,7 +128,7 @@ def pull_revision(
     protected: Mapping[str, str],
     cancel: threading.Event | None,
 ) -> Pulled:
-    """Fetch, verify and make `ref` ready while the caller holds its `lock`.
+    """Fetch, verify and make `rules.source` ready, under `rules`, while the caller holds its `lock`.
 
     `current` is the ready revision when this is a refresh check: unchanged
     objects then return at once (unless `recheck`), changed ones pull the new
@@ -138,11 +136,11 @@ def pull_revision(
     """
     with open_catalog(cache) as catalog:
         note = ProgressNote(events, lock)
-        puller = _Puller(settings, cache, catalog, ref, note, backends, protected, current, recheck)
+        puller = _Puller(rules, cache, catalog, note, backends, protected, current, recheck)
         try:
             path, plan = asyncio.run(_supervise(puller, cancel))
         finally:
-            cache.release_reservation(ref)
+            cache.release_reservation(rules.source)
     return Pulled(path, plan, note.counter.fetched_bytes, puller.evicted)
 
 
@@ -180,20 +178,19 @@ async def _supervise(puller: _Puller, cancel: threading.Event | None) -> tuple[P
 class _Puller:
     def __init__(
         self,
-        settings: Settings,
+        rules: PullRules,
         cache: Cache,
         catalog: Catalog,
-        ref: ModelRef,
         events: PullEvents,
         backends: OpenBackends,
         protected: Mapping[str, str],
         current: CompletionRecord | None,
         recheck: bool = False,
     ) -> None:
-        self.settings = settings
+        self.settings = rules.settings
         self.cache = cache
         self.catalog = catalog
-        self.ref = ref
+        self.ref = ref = rules.source
         self.events = events
         self.open_backends = backends
         self.protected = protected
@@ -206,7 +203,7 @@ class _Puller:
         self.verified: dict[str, tuple[str, str]] = {}
         #: the version of each file that was fetched and verified (a restart may change it)
         self.fetched: dict[str, RemoteFile] = {}
-        self.signature = SignatureCheck(ref, settings.signature_rule(ref), settings.signature_name)
+        self.signature = SignatureCheck(ref, rules.signature, rules.signature_name)
         #: SHA-256 of each file hashed while it downloaded (only when a signature is checked)
         self.sha256s: dict[str, str] = {}
         self.backends: Backends | None = None

@@ -38,7 +38,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -57,6 +57,7 @@ from modelsync.engine.events import PullEvents
 from modelsync.engine.evict import budget_bytes
 from modelsync.engine.inventory import RemoteSizes, SizeLookup
 from modelsync.engine.ready import warm_path
+from modelsync.engine.rules import PullRules, pull_rules
 from modelsync.errors import IntegrityError, ModelsyncError, PullCancelledError, UsageError
 
 log = logging.getLogger("modelsync.daemon")
@@ -64,9 +65,7 @@ log = logging.getLogger("modelsync.daemon")
 class EnsureReady(Protocol):
     """`engine.ensure.ensure_ready` with the node's backends bound, as the loop calls it."""
 
-    def __call__(
-        self, ref: ModelRef, *, settings: Settings, events: PullEvents, options: ReadyOptions
-    ) -> PullResult: ...
+    def __call__(self, rules: PullRules, *, events: PullEvents, options: ReadyOptions) -> PullResult: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +155,7 @@ class Reconciler:
         for ref in refs:
             future: asyncio.Future[Path] = loop.create_future()
             futures.append(future)
-            path = warm_path(self.settings.cache_dir, ref, self._settings_for(ref).requires_signature(ref))
+            path = warm_path(self.settings.cache_dir, ref, self.rules_for(ref).signed_only)
             if path is not None:
                 future.set_result(path)
                 continue
@@ -254,11 +253,9 @@ class Reconciler:
         options = ReadyOptions(
             use=not job.refresh, refresh=job.refresh, protected=self._protected(), cancel=running.cancel
         )
-        settings = self._settings_for(ref)
+        rules = self.rules_for(ref)
         future = in_daemon_thread(
-            lambda: self._ensure_ready(
-                ref, settings=settings, events=PullLog(self.observer, label), options=options
-            ),
+            lambda: self._ensure_ready(rules, events=PullLog(self.observer, label), options=options),
             "modelsync-prefetch",
         )
         future.add_done_callback(lambda f: self._finished(running, f))
@@ -275,13 +272,9 @@ class Reconciler:
             return {}
         return protection_reasons(desired_models(self.schedule, self.config.pool, self._wall_clock()))
 
-    def _settings_for(self, ref: ModelRef) -> Settings:
-        """The node's settings, with the schedule's signature policy for `ref` as its most specific rule."""
-        for model in self.schedule.models if self.schedule is not None else ():
-            if model.source == ref and model.signature is not None:
-                rules = (*self.settings.signature_rules, model.signature)
-                return replace(self.settings, signature_rules=rules)
-        return self.settings
+    def rules_for(self, ref: ModelRef, lease_s: float | None = None) -> PullRules:
+        """What a pull of `ref` obeys here: the node's settings and the loaded schedule's entry for it."""
+        return pull_rules(self.settings, ref, self.schedule, lease_s=lease_s)
 
     def _scheduled_ref(self, model_id: str) -> ModelRef | None:
         for model in self.schedule.models if self.schedule is not None else ():

@@ -9,6 +9,7 @@ from modelsync.config import Settings
 from modelsync.core.refs import ModelRef
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import PullEvents
+from modelsync.engine.rules import pull_rules
 
 
 def pull(
@@ -16,8 +17,7 @@ def pull(
 ) -> PullResult:
     """Make `ref` ready as `modelsync pull` does in-process, over a real S3 server."""
     return ensure_ready(
-        ref,
-        settings=settings,
+        pull_rules(settings, ref),
         backends=s3_backends(settings),
         events=events,
         options=ReadyOptions(cancel=cancel),

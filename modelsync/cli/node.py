@@ -1,9 +1,9 @@
 """Schedule commands: `plan` (the daemon's decisions as a dry run), `daemon`, and `prefetch`.
 
-`plan` and `daemon` read the schedule through the same loader and decide with
-the same pure planner (core/plan.py), so the dry run shows what the daemon
-does. `prefetch` asks a running daemon over its Unix socket and, when none
-runs, pulls the models itself under the same rules (engine/rules.py).
+`plan` and `daemon` read the schedule through the same loader and plan with the
+same step (engine/node_plan.py), so the dry run shows what the daemon does.
+`prefetch` asks a running daemon over its Unix socket and, when none runs, pulls
+the models itself under the same rules (engine/rules.py).
 """
 
 from __future__ import annotations
@@ -124,12 +124,12 @@ def plan(
     from modelsync.adapters.schedule_file import read_schedule
     from modelsync.backends import s3_backends
     from modelsync.core.lifecycle import CacheState
-    from modelsync.core.plan import NodePlan, parse_instant, plan_node
+    from modelsync.core.plan import NodePlan, parse_instant
     from modelsync.core.plan_view import plan_json, render_plan
     from modelsync.core.pool import plan_pool, pool_json, render_pool
     from modelsync.core.units import parse_rate
-    from modelsync.engine.evict import budget_bytes
     from modelsync.engine.inventory import RemoteSizes, cache_entries, remote_sizes
+    from modelsync.engine.node_plan import node_plan
 
     if (nodes is None) != (store_bandwidth is None):
         raise UsageError("--nodes and --store-bandwidth go together: the pool shares the store's egress")
@@ -160,27 +160,23 @@ def plan(
     sizes = RemoteSizes({}, {}) if offline else remote_sizes(s3_backends(settings), missing)
     for model_id, reason in sizes.unknown.items():
         typer.echo(f"warning: size of {model_id} unknown: {reason}", err=True)
-    rate = parse_rate(bandwidth or "0") or settings.max_bandwidth_bytes_per_s
     if budget is not None:  # read as the variable is: `6T`, `90%` of the cache's filesystem, 0 for none
         settings = replace(settings, cache_budget=parse_setting("cache_budget", budget, "--budget"))
-    limit = budget_bytes(settings)
 
-    def replan(rate_bytes_per_s: float | None) -> NodePlan:
-        return plan_node(
-            loaded, pool_name, now, entries, limit, rate_bytes_per_s, sizes.known, settings.in_use_grace_s
-        )
+    def replan(rate: float | None) -> NodePlan:
+        return node_plan(settings, loaded, pool_name, now, entries, sizes.known, rate_bytes_per_s=rate)
 
-    node_plan = replan(float(rate) or None)
+    here = replan(float(parse_rate(bandwidth or "0")))
     pool_plan = None
     if nodes is not None and store_bandwidth is not None:
-        pool_plan = plan_pool(node_plan, replan, nodes, float(parse_rate(store_bandwidth)))
+        pool_plan = plan_pool(here, replan, nodes, float(parse_rate(store_bandwidth)))
     if json_output:
-        document = plan_json(node_plan)
+        document = plan_json(here)
         if pool_plan is not None:
             document["pool_wide"] = pool_json(pool_plan)
         typer.echo(json.dumps(document, indent=2))
     else:
-        lines = render_plan(node_plan)
+        lines = render_plan(here)
         if pool_plan is not None:
             lines += ["", *render_pool(pool_plan)]
         typer.echo("\n".join(lines))

@@ -47,15 +47,15 @@ from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
 from modelsync.core.desired import desired_models
 from modelsync.core.eviction import CacheEntry
-from modelsync.core.plan import NodePlan, plan_node, protection_reasons
+from modelsync.core.plan import NodePlan, protection_reasons
 from modelsync.core.queue import Job, JobQueue, yields_to_foreground, yields_to_request
 from modelsync.core.refs import ModelRef
 from modelsync.core.schedule import Schedule
 from modelsync.engine.background import LoopObserver, PullLog, first_of, in_daemon_thread
 from modelsync.engine.ensure import PullResult, ReadyOptions
 from modelsync.engine.events import PullEvents
-from modelsync.engine.evict import budget_bytes
 from modelsync.engine.inventory import RemoteSizes, SizeLookup
+from modelsync.engine.node_plan import node_plan
 from modelsync.engine.ready import warm_path
 from modelsync.engine.rules import PullRules, pull_rules
 from modelsync.errors import IntegrityError, ModelsyncError, PullCancelledError, UsageError
@@ -200,15 +200,14 @@ class Reconciler:
             return
         try:
             cached = await asyncio.to_thread(self._inventory, self.cache)
-            plan = plan_node(
+            plan = await asyncio.to_thread(
+                node_plan,
+                self.settings,
                 schedule,
                 self.config.pool,
                 self._wall_clock(),
                 cached,
-                await asyncio.to_thread(budget_bytes, self.settings),
-                self._bandwidth(),
-                self._sizes.known,
-                self.settings.in_use_grace_s,
+                dict(self._sizes.known),
             )
         except ModelsyncError as exc:
             log.error("reconcile failed: %s", exc, extra={"code": exc.code})
@@ -348,9 +347,6 @@ class Reconciler:
             if m.model_id == model_id and m.window_start is not None:
                 return (m.window_start - self._wall_clock()).total_seconds()
         return None
-
-    def _bandwidth(self) -> float | None:
-        return float(self.settings.max_bandwidth_bytes_per_s) or None
 
     def _changed(self) -> None:
         self._dirty = True

@@ -123,6 +123,13 @@ class Settings:
     )
     #: the signature's object name under a model's prefix
     signature_name: str = field(default=DEFAULT_SIGNATURE_NAME, metadata={"env": "MODELSYNC_SIGNATURE_NAME"})
+    #: the node's pool (its accelerator.pool label): the schedule's models `plan` and the daemon stage
+    pool: str | None = field(default=None, metadata={"env": "MODELSYNC_POOL"})
+    #: this node's name, which spreads the daemon's start jitter; None: the host name
+    node_name: str | None = field(default=None, metadata={"env": "MODELSYNC_NODE_NAME"})
+    #: s3:// prefixes whose sources the daemon serves besides the schedule's (comma-separated in the
+    #: environment); each is checked where the daemon starts
+    allowed_prefixes: tuple[str, ...] = field(default=(), metadata={"env": "MODELSYNC_ALLOWED_PREFIXES"})
 
     def retry_policy(self) -> RetryPolicy:
         """The retry schedule both planes follow (budget, attempts, floor)."""
@@ -242,6 +249,9 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "signature_identities": parse_string_list,
     "signature_rules": parse_rules,
     "signature_name": parse_signature_name,
+    "pool": str,
+    "node_name": str,
+    "allowed_prefixes": lambda t: parse_string_list(t if t.lstrip().startswith("[") else t.replace(" ", ",")),
 }
 
 #: what the commands that only read or manage the cache use: a bad value of any other

@@ -33,7 +33,7 @@ SETTING_OPTIONS: dict[str, tuple[str | None, str, str]] = {
     "--insecure": ("insecure", "MODELSYNC_INSECURE", "off"),
     "--budget": ("cache_budget", "MODELSYNC_CACHE_MAX_BYTES", "none"),
     "--config": (None, "MODELSYNC_CONFIG", "none"),
-    "--pool": (None, "MODELSYNC_POOL", "none"),
+    "--pool": ("pool", "MODELSYNC_POOL", "none"),
     "--allow": (None, "MODELSYNC_ALLOWED_PREFIXES", "the schedule's sources only"),
 }
 _OPTION_LINE = re.compile(r"^  (?:-\w, )?(--[\w-]+)(?: ([A-Z][A-Z:_.]*))?(?:\s{2,}(.*))?$")

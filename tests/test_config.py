@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,46 @@ def test_a_ca_bundle_swapped_for_a_broken_one_is_judged_again(tmp_path: Path) ->
     with pytest.raises(CaBundleError, match="holds no PEM certificate"):
         check_ca_bundle(str(bundle))
 
+
+def test_pool_node_name_and_allowed_prefixes_are_settings_like_every_other(tmp_path: Path) -> None:
+    env = {
+        "MODELSYNC_POOL": "b300-serving",
+        "MODELSYNC_NODE_NAME": "gpu-b300-07",
+        "MODELSYNC_ALLOWED_PREFIXES": "s3://models/extra/, s3://team/ s3://lab/x/",
+    }
+    s = load_settings({}, env)
+    assert (s.pool, s.node_name) == ("b300-serving", "gpu-b300-07")
+    assert s.allowed_prefixes == ("s3://models/extra/", "s3://team/", "s3://lab/x/")
+    s = load_settings({"pool": "spark", "allowed_prefixes": ("s3://flag/",)}, env)
+    assert (s.pool, s.node_name, s.allowed_prefixes) == ("spark", "gpu-b300-07", ("s3://flag/",))
+    config = tmp_path / "modelsync.toml"
+    config.write_text('pool = "a100"\nallowed_prefixes = ["s3://file/"]\n')
+    s = load_settings({}, {"MODELSYNC_POOL": ""}, config)  # empty means not given
+    assert (s.pool, s.allowed_prefixes) == ("a100", ("s3://file/",))
+
+
+def test_no_module_but_config_reads_a_modelsync_environment_variable() -> None:
+    """Every MODELSYNC_* variable is a Settings field, read by `load_settings` and nowhere else."""
+    import ast
+
+    import modelsync
+
+    package = Path(modelsync.__file__).parent
+    readers = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "config.py" and path.parent == package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            key = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                key = node.args[0] if node.func.attr in ("get", "pop", "setdefault", "getenv") else None
+            elif isinstance(node, ast.Subscript):
+                key = node.slice
+            if isinstance(key, ast.Constant) and str(key.value).startswith("MODELSYNC_"):
+                readers.append(f"{path.relative_to(package.parent)}:{node.lineno}: {key.value}")
+    assert readers == []
+    assert {f.metadata["env"] for f in fields(Settings)} >= {
+        "MODELSYNC_POOL",
+        "MODELSYNC_NODE_NAME",
+        "MODELSYNC_ALLOWED_PREFIXES",
+    }

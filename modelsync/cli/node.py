@@ -28,7 +28,7 @@ from modelsync.cli.options import (
     SettingFlags,
     build_settings,
 )
-from modelsync.config import CACHE_SETTINGS, S3_SETTINGS, Settings, environment, parse_setting
+from modelsync.config import CACHE_SETTINGS, S3_SETTINGS, Settings, parse_setting
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.errors import UsageError
 
@@ -49,8 +49,8 @@ Pool = Annotated[
 ]
 
 
-def _pool(flag: str | None) -> str:
-    pool = flag or environment().get("MODELSYNC_POOL", "")
+def _pool(settings: Settings) -> str:
+    pool = settings.pool
     if not pool:
         raise UsageError(
             "no pool given; pass --pool or set MODELSYNC_POOL to the node's accelerator.pool label"
@@ -133,15 +133,6 @@ def plan(
 
     if (nodes is None) != (store_bandwidth is None):
         raise UsageError("--nodes and --store-bandwidth go together: the pool shares the store's egress")
-    loaded = read_schedule(schedule)
-    pool_name = _pool(pool)
-    if not loaded.for_pool(pool_name):
-        known = sorted({p for m in loaded.models for p in m.pools})
-        raise UsageError(
-            f"unknown pool {pool_name!r}: no model of {schedule} serves on it; its pools are "
-            f"{', '.join(known) if known else 'none'}"
-        )
-    now = parse_instant(at, loaded.timezone) if at else datetime.now(ZoneInfo(loaded.timezone))
     settings = build_settings(
         SettingFlags(
             cache_dir=cache_dir,
@@ -150,10 +141,20 @@ def plan(
             config=config,
             max_bandwidth=max_bandwidth,
             insecure=insecure,
+            pool=pool,
         ),
         # a dry run reads the cache and asks S3 for sizes: a bad signature policy must not stop it
-        needed=CACHE_SETTINGS | S3_SETTINGS | {"max_bandwidth_bytes_per_s"},
+        needed=CACHE_SETTINGS | S3_SETTINGS | {"max_bandwidth_bytes_per_s", "pool"},
     )
+    loaded = read_schedule(schedule)
+    pool_name = _pool(settings)
+    if not loaded.for_pool(pool_name):
+        known = sorted({p for m in loaded.models for p in m.pools})
+        raise UsageError(
+            f"unknown pool {pool_name!r}: no model of {schedule} serves on it; its pools are "
+            f"{', '.join(known) if known else 'none'}"
+        )
+    now = parse_instant(at, loaded.timezone) if at else datetime.now(ZoneInfo(loaded.timezone))
     entries = cache_entries(Cache(settings.cache_dir))
     ready = {e.model for e in entries if e.state is CacheState.READY}
     missing = [m.source for m in loaded.for_pool(pool_name) if m.source.model_id not in ready]
@@ -256,19 +257,20 @@ def daemon(
             part_size=part_size,
             max_bandwidth=max_bandwidth,
             insecure=insecure,
+            pool=pool,
+            allow=tuple(allow or ()),
         )
     )
     loop = LoopConfig(
-        pool=_pool(pool),
-        node=environment().get("MODELSYNC_NODE_NAME") or socket.gethostname(),
+        pool=_pool(settings),
+        node=settings.node_name or socket.gethostname(),
         tick_s=tick_s,
         jitter_max_s=parse_duration(jitter),
         refresh_s=parse_duration(refresh),
     )
     from modelsync.core.allow import parse_prefix
 
-    prefixes = allow or environment().get("MODELSYNC_ALLOWED_PREFIXES", "").replace(",", " ").split()
-    allowed = tuple(parse_prefix(p) for p in prefixes)
+    allowed = tuple(parse_prefix(p) for p in settings.allowed_prefixes)
     run_daemon(settings, DaemonOptions(schedule, loop, host, port, json_logs, allowed))
 
 

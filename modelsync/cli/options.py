@@ -145,6 +145,9 @@ class SettingFlags:
     part_size: str | None = None
     max_bandwidth: str | None = None
     insecure: bool = False
+    pool: str | None = None
+    #: --allow: s3:// prefixes the daemon also serves
+    allow: tuple[str, ...] = ()
 
 
 def build_settings(flags: SettingFlags, *, needed: Collection[str] | None = None) -> Settings:
@@ -164,6 +167,8 @@ def build_settings(flags: SettingFlags, *, needed: Collection[str] | None = None
             "max_bandwidth_bytes_per_s", "--max-bandwidth", flags.max_bandwidth
         ),
         "insecure": True if flags.insecure else None,
+        "pool": flags.pool,
+        "allowed_prefixes": flags.allow or None,
     }
     settings = load_settings(given, env, config_file_from(flags.config, env), needed)
     if settings.insecure:

@@ -142,3 +142,12 @@ def test_version_prints_the_package_version() -> None:
     )
     assert done.returncode == 0
     assert done.stdout == f"modelsync {version('modelsync')}\n"
+
+
+def test_no_arguments_show_the_help_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """typer's vendored click raises its no-arguments error under standalone_mode=False; run() shows help."""
+    from modelsync.cli import run
+
+    assert run([]) == 2
+    out = capsys.readouterr()
+    assert "Usage: modelsync" in out.out + out.err and "Traceback" not in out.err

@@ -52,10 +52,13 @@ def _strip(etag: str) -> str:
 class S3:
     """One aiobotocore client for a command's lifetime; `policy` bounds riding out throttling."""
 
-    def __init__(self, client: Any, policy: RetryPolicy | None = None) -> None:
+    def __init__(self, client: Any, policy: RetryPolicy | None = None, credentials: Any = None) -> None:
         self._client = client
         self._policy = policy or RetryPolicy()
         self._signer = CachedPresigner()
+        #: the credentials object the client signs with (its session's, `get_credentials`); None:
+        #: unknown, so every URL is signed by botocore
+        self._credentials = credentials
 
     async def _read(self, what: str, bucket: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """Run a read, riding out what another try can fix.
@@ -177,14 +180,17 @@ class S3:
         """
         expires_s = max(1, int(expiry_s))
         with s3_errors(f"signing a URL for s3://{bucket}/{key}", bucket):
-            frozen = await self._client._request_signer._credentials.get_frozen_credentials()
-            creds = Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-            url = self._signer.sign(bucket, key, creds, dt.datetime.now(dt.UTC), expires_s)
+            creds = None
+            if self._credentials is not None:
+                frozen = await self._credentials.get_frozen_credentials()
+                creds = Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+            url = self._signer.sign(bucket, key, creds, dt.datetime.now(dt.UTC), expires_s) if creds else None
             if url is None:
                 url = await self._client.generate_presigned_url(
                     "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_s
                 )
-                self._signer.learn(bucket, key, creds, url)
+                if creds is not None:
+                    self._signer.learn(bucket, key, creds, url)
         return url
 
     async def renew_credentials(self) -> None:
@@ -203,7 +209,10 @@ class S3:
             )
         # botocore has no public way to change a client's credentials; its signer reads
         # this attribute for every signature, presigned URLs and control-plane calls alike.
+        # The one private name this module uses: botocore is pinned to the range it was
+        # written against (pyproject.toml), and tests/test_s3_credentials.py checks it.
         self._client._request_signer._credentials = fresh
+        self._credentials = fresh
 
     async def put_bytes(self, bucket: str, key: str, data: bytes) -> str:
         with s3_errors(f"writing s3://{bucket}/{key}", bucket):
@@ -319,4 +328,5 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
         config=client_config(settings),
         verify=verify,
     ) as client:
-        yield S3(client, settings.retry_policy())
+        # the session resolved the client's credentials once and keeps that object
+        yield S3(client, settings.retry_policy(), await session.get_credentials())

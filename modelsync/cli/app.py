@@ -18,6 +18,10 @@ from collections.abc import Sequence
 from typing import Annotated
 
 import typer
+
+# typer 0.29 vendors click under this private name and re-exports neither the help formatter nor
+# the parser's errors: typer is pinned to 0.29 (pyproject.toml), and tests/test_cli_help.py and
+# tests/test_cli_errors.py check the behaviour relied on (tests/test_imports.py lists the import).
 from typer._click import Context, HelpFormatter
 from typer._click.exceptions import NoArgsIsHelpError
 from typer._click.exceptions import UsageError as ParseError

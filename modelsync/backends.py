@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from modelsync.adapters.rate_limit import TokenBucket
 from modelsync.config import Settings, check_ca_bundle
 from modelsync.engine.ports import Backends, OpenBackends
-from modelsync.engine.throttle import TokenBucket
+from modelsync.engine.throttle import store_gate
 
 
 def s3_backends(settings: Settings) -> OpenBackends:
@@ -29,8 +30,10 @@ def s3_backends(settings: Settings) -> OpenBackends:
 
     Each pull gets its own range client: closing it is how a cancelled pull
     aborts its transfers (the manifest's GET included). The bandwidth cap is
-    per pull, as the plan assumes.
+    per pull, as the plan assumes; the store's gate is the process's, so every
+    pull of one store slows down together while it throttles.
     """
+    gate = store_gate(settings.endpoint_url or f"aws:{settings.region}", settings.retry_policy().time_scale)
 
     @contextlib.asynccontextmanager
     async def open_backends() -> AsyncIterator[Backends]:
@@ -53,7 +56,7 @@ def s3_backends(settings: Settings) -> OpenBackends:
         )
         try:
             async with open_store(settings, client) as store:
-                yield Backends(store=store, fetcher=client)
+                yield Backends(store=store, fetcher=client, gate=gate)
         finally:
             client.close()
 

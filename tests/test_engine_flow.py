@@ -8,8 +8,11 @@ What a real store and real sockets do is the integration tier's job
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +24,10 @@ from modelsync.config import Settings
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import NoEvents
+from modelsync.engine.ports import Backends
 from modelsync.engine.ready import readiness, warm_path
 from modelsync.engine.rules import pull_rules
+from modelsync.engine.throttle import StoreGate
 from modelsync.errors import ChecksumMismatchError, PullCancelledError
 
 pytestmark = pytest.mark.timeout(60)
@@ -340,3 +345,22 @@ def test_a_foreground_pull_is_announced_while_it_fetches_and_no_longer_after(
 
     assert seen == [frozenset({REF.model_id})], "the node's daemon yields while this fetches"
     assert live_foreground(settings.cache_dir) == frozenset()
+
+
+def test_the_pull_paces_its_requests_through_the_gate_that_comes_in_with_its_backends(
+    settings: Settings, store: FakeStore, fetcher: FakeFetcher
+) -> None:
+    """The engine picks no gate of its own. A gate the store throttled opens again only as
+    requests through it succeed; its clock jumps 100 s a call, so no wait is real."""
+    ticks = itertools.count(step=100)
+    gate = StoreGate(clock=lambda: float(next(ticks)))
+    gate.throttled(None)
+    assert gate.rate_per_s is not None
+
+    @contextlib.asynccontextmanager
+    async def backends() -> AsyncIterator[Backends]:
+        yield Backends(store=store, fetcher=fetcher, gate=gate)
+
+    ensure_ready(pull_rules(settings, REF), backends=backends)
+
+    assert fetcher.fetches and gate.rate_per_s is None

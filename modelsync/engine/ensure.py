@@ -15,7 +15,7 @@ lock (single-flight between processes), it
    against its source and pulls only what changed;
 4. records the use and the lease.
 
-The warm path (modelsync/warm.py) answers a ready model before this module is
+The warm path (modelsync/plain_pull.py) answers a ready model before this module is
 even imported, with the same rule.
 """
 

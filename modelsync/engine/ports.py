@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from modelsync.core.refs import ModelRef
+from modelsync.engine.throttle import StoreGate
 
 if TYPE_CHECKING:  # importing the data plane would slow a warm `pull` that never fetches
     from modelsync.adapters.ranged_http import RangeRequest
@@ -68,6 +69,9 @@ class Backends:
     store: ObjectStore
     #: one pull's fetcher; closing it aborts that pull's transfers
     fetcher: RangeFetcher
+    #: paces the pull's requests while the store throttles; shared by every pull of the same
+    #: store in the process (the edge's `store_gate`); by default one of the pull's own
+    gate: StoreGate = field(default_factory=StoreGate)
 
 
 #: opens the backends of one pull (in the pull's event loop) and closes them after it

@@ -52,7 +52,6 @@ from modelsync.engine.fetch import FetchWindow, leave_signals_to_the_main_thread
 from modelsync.engine.ports import Backends, OpenBackends
 from modelsync.engine.rules import PullRules
 from modelsync.engine.tasks import first_error
-from modelsync.engine.throttle import store_gate
 from modelsync.engine.trust import SignatureCheck, final_check
 from modelsync.errors import (
     ChecksumMismatchError,
@@ -215,9 +214,8 @@ class _Puller:
             if self.aborted:
                 backends.fetcher.close()
             policy = self.settings.retry_policy()
-            gate = store_gate(self.settings.endpoint_url or f"aws:{self.settings.region}", policy.time_scale)
             self.window = FetchWindow(
-                self.settings, self.ref, backends, self.staging, self.events, policy, gate
+                self.settings, self.ref, backends, self.staging, self.events, policy, backends.gate
             )
             try:
                 return await self._pull(backends)

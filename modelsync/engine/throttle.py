@@ -1,10 +1,10 @@
-"""What a process shares between its transfers to slow down: a bandwidth cap and the store's gate.
+"""The store's gate: when the store throttles, every transfer of the process paces its requests.
 
-A pool of 100 nodes pulling the same model must not saturate the object store
-at once; each node caps itself (`TokenBucket`). The bucket holds at most one
-second of tokens, so a pause does not turn into a burst afterwards. When the
-store throttles anyway, every transfer of the process paces its requests
-through one `StoreGate` per store.
+`StoreGate` wraps the pure `SendGate` (core/retry.py) with its lock and clock.
+The engine does not pick a gate: it comes in with the backends
+(engine/ports.py `Backends.gate`), and the edge gives every pull of one store
+the same one (`store_gate`, called by modelsync/backends.py). The bandwidth cap
+is the range client's (adapters/rate_limit.py).
 """
 
 from __future__ import annotations
@@ -15,34 +15,6 @@ import time
 from collections.abc import Callable
 
 from modelsync.core.retry import SendGate
-
-
-class TokenBucket:
-    def __init__(
-        self,
-        rate_bytes_per_s: int,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if rate_bytes_per_s <= 0:
-            raise ValueError("rate must be positive")
-        self._rate = float(rate_bytes_per_s)
-        self._clock = clock
-        self._sleep = sleep
-        self._lock = threading.Lock()
-        self._tokens = self._rate
-        self._stamp = clock()
-
-    def consume(self, n_bytes: int) -> None:
-        """Take `n_bytes` of budget, sleeping when it is spent (debt is paid by waiting)."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self._rate, self._tokens + (now - self._stamp) * self._rate)
-            self._stamp = now
-            self._tokens -= n_bytes
-            debt_s = -self._tokens / self._rate if self._tokens < 0 else 0.0
-        if debt_s > 0:
-            self._sleep(debt_s)
 
 
 class StoreGate:

@@ -20,6 +20,7 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     │   ├── UnsafeKeyError          a key would escape or alias inside the cache
     │   ├── ManifestError           modelsync.manifest.json is malformed
     │   ├── MalformedModelError     a safetensors header or shard index does not add up
+    │   ├── SizeMismatchError       the store holds another size than the manifest says
     │   └── SignatureError          the model's OpenSSF signature does not vouch for it
     │       ├── UnsignedModelError      a signature is required and there is none
     │       ├── UntrustedSignatureError the signature or its signer is not trusted
@@ -154,6 +155,20 @@ class UntrustedSignatureError(SignatureError):
 
 class SignedContentError(SignatureError):
     code = "signed_content_mismatch"
+
+
+class SizeMismatchError(IntegrityError):
+    """The store holds an object of another size than the manifest (or listing) says: republish.
+
+    Never an outage: the store answered, and told the truth. ``store_bytes`` is the
+    size the store gave (None when only its ETag showed the size is wrong).
+    """
+
+    code = "size_mismatch"
+
+    def __init__(self, message: str, *, store_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.store_bytes = store_bytes
 
 
 class LocalStorageError(ModelsyncError):

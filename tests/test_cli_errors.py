@@ -9,6 +9,7 @@ the absolute ready path, and a warm pull needs neither the network nor the S3 st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -28,6 +29,7 @@ from support.motoserver import SubprocessMoto
 from support.s3env import S3Env
 
 from modelsync.adapters.cache import Cache
+from modelsync.adapters.digest import xxh3_of
 from modelsync.core.refs import parse_source
 from modelsync.core.units import format_bytes
 from modelsync.errors import ExitCode
@@ -199,6 +201,22 @@ def _bad_manifest(world: World) -> None:
     assert world.client is not None
     _objects("a.bin")(world)
     doc = {"format": "modelsync-manifest", "version": 7, "files": []}
+    world.client.put_object(
+        Bucket=world.bucket, Key=PREFIX + "modelsync.manifest.json", Body=json.dumps(doc).encode()
+    )
+
+
+def _understated_manifest(world: World) -> None:
+    """A manifest that says weights.bin is 100 B (and its first 100 bytes' xxh3); the store holds 1000."""
+    assert world.client is not None
+    _objects("weights.bin")(world)
+    entry = {
+        "path": "weights.bin",
+        "size": 100,
+        "xxh3_128": xxh3_of(b"w" * 100),
+        "etag": hashlib.md5(b"w" * 1000).hexdigest(),
+    }
+    doc = {"format": "modelsync-manifest", "version": 1, "files": [entry]}
     world.client.put_object(
         Bucket=world.bucket, Key=PREFIX + "modelsync.manifest.json", Body=json.dumps(doc).encode()
     )
@@ -693,6 +711,15 @@ MISTAKES = [
         ("malformed manifest", "unsupported version 7"),
         arrange=_bad_manifest,
         s3="moto",
+    ),
+    Mistake(
+        "manifest-understates-a-size",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("weights.bin", "holds 1000 bytes", "says 100 bytes", "republish"),
+        arrange=_understated_manifest,
+        s3="moto",
+        known_leftovers=RESUMABLE,
     ),
     Mistake(
         "corrupt-on-every-fetch",

@@ -16,6 +16,7 @@ from modelsync.adapters.http_head import (
     parse_head,
     parse_response,
     render_request,
+    size_mismatch,
 )
 from modelsync.adapters.range_answer import error_for_answer, redirect_detail, retry_after_s, url_expired
 from modelsync.errors import (
@@ -23,6 +24,7 @@ from modelsync.errors import (
     NotFoundError,
     ObjectChangedError,
     PresignedUrlExpiredError,
+    SizeMismatchError,
     TransientFetchError,
     UnexpectedResponseError,
     WrongEndpointError,
@@ -229,6 +231,41 @@ def test_anything_but_the_range_asked_for_is_refused(
 ) -> None:
     with pytest.raises(UnexpectedResponseError, match=says):
         check_range_head(head, start, end)
+
+
+@pytest.mark.parametrize(
+    ("head", "start", "end", "store_bytes"),
+    [
+        (_head(206, content_length="100", content_range="bytes 0-99/31791"), 0, 100, 31791),
+        (_head(206, content_length="10", content_range="bytes 0-9/10"), 0, 100, 10),
+        (_head(206, content_length="10", content_range="bytes 0-9/10"), 0, 10, 10),
+        (_head(200, content_length="31791"), 0, 100, 31791),
+    ],
+)
+def test_an_answer_that_states_another_object_size_than_the_caller_was_told_is_a_size_mismatch(
+    head: ResponseHead, start: int, end: int, store_bytes: int
+) -> None:
+    told = 100
+    with pytest.raises(SizeMismatchError, match=f"holds {store_bytes} bytes, not {told}") as caught:
+        check_range_head(head, start, end, told)
+    assert caught.value.store_bytes == store_bytes
+
+
+@pytest.mark.parametrize(
+    ("head", "size_bytes", "store_bytes"),
+    [
+        (_head(416, content_range="bytes */31791"), 3 * 1024 * 1024, 31791),
+        (_head(416, content_range="bytes */31791"), 31791, None),
+        (_head(416), 100, None),  # no Content-Range: nothing stated, nothing refused here
+        (_head(206, content_range="bytes 5-9/*"), 100, None),  # a total the store does not know
+        (_head(206, content_range="bytes 0-9/10"), None, None),  # nothing was told: nothing to compare
+    ],
+)
+def test_a_refused_or_unsized_answer_is_a_size_mismatch_only_when_it_states_another_size(
+    head: ResponseHead, size_bytes: int | None, store_bytes: int | None
+) -> None:
+    found = size_mismatch(head, size_bytes)
+    assert (found.store_bytes if found is not None else None) == store_bytes
 
 
 # ---- the request head -----------------------------------------------------------------------

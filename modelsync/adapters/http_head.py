@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from modelsync.errors import UnexpectedResponseError
+from modelsync.errors import SizeMismatchError, UnexpectedResponseError
 
 #: The response head (status line and headers, interim answers included) must fit in this many bytes.
 MAX_HEAD_BYTES = 64 * 1024
@@ -38,6 +38,8 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 #: fields that frame the body or place it in the file: one copy, or the answer is refused
 _SINGLETONS = frozenset({"content-length", "content-range"})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+#: the object's size in a Content-Range, of a range sent (206) or refused (416: ``bytes */SIZE``)
+_RANGE_TOTAL = re.compile(r"bytes (?:\d+-\d+|\*)/(\d+)")
 
 
 @dataclass(slots=True)
@@ -142,13 +144,39 @@ def _is_token(name: bytes) -> bool:
     return name.replace(b"-", b"").isalnum() or (bool(name) and not name.translate(None, _TOKEN_BYTES))
 
 
-def check_range_head(head: ResponseHead, start: int, end: int) -> None:
+def object_size_bytes(head: ResponseHead) -> int | None:
+    """The object's size as the store states it: a Content-Range's total, or a whole 200's length."""
+    if head.status == 200:
+        length = head.headers.get("content-length")
+        return int(length) if length is not None else None
+    match = _RANGE_TOTAL.fullmatch(head.headers.get("content-range", ""))
+    return int(match.group(1)) if match else None
+
+
+def size_mismatch(head: ResponseHead, size_bytes: int | None) -> SizeMismatchError | None:
+    """The store is the truth for sizes: an answer that states another size than ``size_bytes`` is refused.
+
+    Checked before the range itself, so a manifest that misstates a size is an
+    integrity error, never an unexpected answer or an outage.
+    """
+    stated = object_size_bytes(head) if size_bytes is not None else None
+    if stated is None or stated == size_bytes:
+        return None
+    return SizeMismatchError(f"the store holds {stated} bytes, not {size_bytes}", store_bytes=stated)
+
+
+def check_range_head(head: ResponseHead, start: int, end: int, size_bytes: int | None = None) -> None:
     """A 2xx head must carry exactly bytes ``[start, end)``, or they would land at the wrong offset.
 
     A 206 names its range in Content-Range; a 200 means the server ignored Range
     and sent the whole object, which is our range only if the range is the whole
-    object. The body must be framed by Content-Length, never chunked.
+    object. The body must be framed by Content-Length, never chunked. With
+    ``size_bytes`` (the object's size the caller was told), the size the answer
+    states must be that one (`size_mismatch`).
     """
+    mismatch = size_mismatch(head, size_bytes)
+    if mismatch is not None:
+        raise mismatch
     want = end - start
     length = head.headers.get("content-length")
     if head.status == 206:

@@ -48,6 +48,7 @@ from modelsync.adapters.http_head import (
     check_range_head,
     parse_response,
     render_request,
+    size_mismatch,
 )
 from modelsync.adapters.http_route import (
     Proxy,
@@ -89,7 +90,9 @@ class RangeRequest:
     """One ranged GET: bytes ``[start, end)`` of the object at ``url``.
 
     ``etag`` becomes ``If-Match`` so a range of a different object version is
-    refused (412) instead of being stitched into the file.
+    refused (412) instead of being stitched into the file. ``size_bytes``, the
+    object's size as the manifest or listing gives it, must be the size the
+    answer states, or the answer is refused with SizeMismatchError.
     """
 
     url: str
@@ -97,6 +100,7 @@ class RangeRequest:
     end: int
     etag: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    size_bytes: int | None = None
 
 
 class _ThreadBuffer(threading.local):
@@ -163,7 +167,7 @@ class RangeClient:
         def answer(conn: Conn, head: ResponseHead, filled: int, proxy: Proxy | None) -> int | Exception:
             if head.status not in (200, 206):
                 return self._error_for_status(conn, head, filled, req, proxy)
-            check_range_head(head, req.start, req.end)
+            check_range_head(head, req.start, req.end, req.size_bytes)
             want = req.end - req.start
             early = filled - head.body_start
             if early > want:
@@ -315,6 +319,9 @@ class RangeClient:
         self, conn: Conn, head: ResponseHead, filled: int, req: RangeRequest, proxy: Proxy | None
     ) -> Exception:
         body = self._read_small_body(conn, head, filled, MAX_ERROR_BODY_BYTES) or b""
+        mismatch = size_mismatch(head, req.size_bytes) if head.status == 416 else None
+        if mismatch is not None:  # a range past the end: its Content-Range says how big the object is
+            return mismatch
         return error_for_answer(
             head.status,
             head.headers,

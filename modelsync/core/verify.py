@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from modelsync.core.etag import EtagKind, etag_kind, multipart_count, multipart_etag, part_size_fits
 from modelsync.core.parts import FileWork, RemoteFile, layout_bytes, plan_parts
 from modelsync.core.record import CompletionRecord
-from modelsync.errors import ChecksumMismatchError
+from modelsync.errors import ChecksumMismatchError, SizeMismatchError
 
 EMPTY_MD5 = "d41d8cd98f00b204e9800998ecf8427e"
 
@@ -59,6 +59,26 @@ def check_file(f: RemoteFile, xxh3_128: str, part_md5s: Sequence[bytes], md5_par
     if got != f.etag:
         raise _mismatch(f, f"computed ETag {got}, server says {f.etag}")
     return str(kind.value)
+
+
+def misstated_size(uri: str, f: RemoteFile, store_bytes: int | None) -> SizeMismatchError:
+    """The error for a file the store holds at another size than the manifest (or listing) says.
+
+    `store_bytes` is the size the store's answer stated; None when only the ETag
+    showed it (an "empty" file whose ETag is not an empty object's).
+    """
+    held = f"{store_bytes} bytes" if store_bytes is not None else f"a non-empty object (ETag {f.etag})"
+    said = "manifest" if f.xxh3_128 is not None else "listing"
+    return SizeMismatchError(
+        f"{uri}: the store holds {held}, but the {said} says {f.size_bytes} bytes; the manifest "
+        "does not match the store: republish the model (modelsync publish)",
+        store_bytes=store_bytes,
+    )
+
+
+def empty_but_etag_says_not(f: RemoteFile) -> bool:
+    """Whether `f` is listed as empty while its ETag is the MD5 of some bytes: no GET would tell."""
+    return f.size_bytes == 0 and etag_kind(f.etag) is EtagKind.MD5 and f.etag != EMPTY_MD5
 
 
 def _mismatch(f: RemoteFile, detail: str) -> ChecksumMismatchError:

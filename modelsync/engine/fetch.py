@@ -33,6 +33,7 @@ from modelsync.core.parts import FileWork, Part, RemoteFile
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import PartRetries, RetryPolicy, presigned_expiry
 from modelsync.core.units import format_bytes, format_duration
+from modelsync.core.verify import empty_but_etag_says_not, misstated_size
 from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.events import PullEvents
 from modelsync.engine.ports import Backends, ObjectStore, RangeFetcher
@@ -44,6 +45,7 @@ from modelsync.errors import (
     DiskFullError,
     PresignedUrlExpiredError,
     RemoteUnavailableError,
+    SizeMismatchError,
     TransientFetchError,
 )
 
@@ -137,6 +139,8 @@ class FetchWindow:
         if self.staging_fd is None:
             with fs.storage_errors(self.staging.dir):
                 self.staging_fd = fs.open_dir(self.staging.dir)
+        if empty_but_etag_says_not(work.file):
+            raise misstated_size(f"s3://{self.ref.bucket}/{work.file.key}", work.file, None)
         try:
             if not work.done and len(work.parts) == 1 and work.file.size_bytes <= WHOLE_FILE_MAX_BYTES:
                 async with self.window:
@@ -252,9 +256,11 @@ class FetchWindow:
             await self.gate.admit()  # first: a long wait here must not age the URL
             url = await self._url(f)
             generation = self.credentials_generation
-            req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag)
+            req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag, size_bytes=f.size_bytes)
             try:
                 await in_thread(self.threads.submit(transfer, req, start))
+            except SizeMismatchError as exc:
+                raise misstated_size(f"s3://{self.ref.bucket}/{f.key}", f, exc.store_bytes) from None
             except PresignedUrlExpiredError as exc:
                 expired += 1
                 if expired >= MAX_EXPIRED_IN_A_ROW:

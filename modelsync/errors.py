@@ -34,6 +34,8 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
 
     TransientFetchError             not a user error: a ranged GET worth retrying, and how
                                     far it got; the pull retries it and never lets it out
+    UnreadableFileError             not a user error: what is at a model's path cannot be read
+                                    as its file; the check that met it reports it as a problem
 
 Only adapters translate foreign exceptions (botocore, aiohttp, OSError) into
 these; the core raises them directly.
@@ -239,6 +241,14 @@ class TransientFetchError(Exception):
         self.status = status
         self.retry_after_s = retry_after_s
         self.throttled = throttled
+
+
+class UnreadableFileError(Exception):
+    """What is at a model's path cannot be read as its file: gone, a link, not a regular file, or unreadable.
+
+    Not a `ModelsyncError`: `verify --full` reports it beside bad bytes (the message is
+    the reason) and quarantines the model; it never ends a command by itself.
+    """
 
 
 class SourceNotAllowedError(ModelsyncError):

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from modelsync.adapters import fs
+from modelsync.errors import UnreadableFileError
 
 if TYPE_CHECKING:
     from modelsync.adapters.digest import FileDigest
@@ -35,6 +36,8 @@ class Entry:
     kind: Kind
     #: the apparent size of a regular file
     size_bytes: int = 0
+    #: its permission bits
+    mode: int = 0
 
 
 def entry(root: Path, relative: str) -> Entry:
@@ -50,7 +53,7 @@ def entry(root: Path, relative: str) -> Entry:
         return Entry(Kind.SYMLINK)
     if not stat.S_ISREG(st.st_mode):
         return Entry(Kind.OTHER)
-    return Entry(Kind.FILE, st.st_size)
+    return Entry(Kind.FILE, st.st_size, stat.S_IMODE(st.st_mode))
 
 
 class ModelDir:
@@ -62,31 +65,46 @@ class ModelDir:
             self._fd = fs.open_dir(root)
 
     def read(self, relative: str, offset: int, n_bytes: int) -> bytes:
-        """Up to `n_bytes` of the file at `offset` (fewer at its end)."""
-        with fs.storage_errors(self.root / relative):
-            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY)
-            try:
-                return os.pread(fd, n_bytes, offset)
-            finally:
-                os.close(fd)
-
-    def digest(self, relative: str, size_bytes: int, *, sha256: bool = False) -> FileDigest | None:
-        """The file's digests, read front to back; None when it has gone or is behind a symlink.
-
-        Such a file is not the model's file, whatever it holds.
-        """
-        from modelsync.adapters.digest import hash_fd  # here, not at the top: the warm path never hashes
-
+        """Up to `n_bytes` of the file at `offset` (fewer at its end); UnreadableFileError if it cannot."""
+        fd = self._open_regular(relative)
         try:
-            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY)
+            return os.pread(fd, n_bytes, offset)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None
-            raise fs.storage_error(exc, self.root / relative) from None
-        try:
-            return hash_fd(fd, size_bytes, sha256=sha256)
+            raise UnreadableFileError(f"unreadable ({exc.strerror})") from None
         finally:
             os.close(fd)
+
+    def digest(self, relative: str, size_bytes: int, *, sha256: bool = False) -> FileDigest:
+        """The file's digests, read front to back; UnreadableFileError if it is not a file to read."""
+        from modelsync.adapters.digest import hash_fd  # here, not at the top: the warm path never hashes
+
+        fd = self._open_regular(relative)
+        try:
+            return hash_fd(fd, size_bytes, sha256=sha256)
+        except OSError as exc:
+            raise UnreadableFileError(f"unreadable ({exc.strerror})") from None
+        finally:
+            os.close(fd)
+
+    def _open_regular(self, relative: str) -> int:
+        """Open a regular file beneath the model for reading, never blocking and never through a link.
+
+        O_NONBLOCK: a named pipe planted at the path would otherwise block the open
+        until a writer came. The descriptor is checked (fstat) before any read, so a
+        directory, pipe or device swapped in after an lstat is refused, not read.
+        """
+        try:
+            fd = fs.open_file_beneath(self._fd, PurePosixPath(relative), os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise UnreadableFileError("missing") from None
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnreadableFileError("reachable only through a symlink") from None
+            raise UnreadableFileError(f"unreadable ({exc.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UnreadableFileError("not a regular file")
+        return fd
 
     def close(self) -> None:
         os.close(self._fd)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelsync.adapters import model_files
+from modelsync.adapters import fs, model_files
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.model_files import Kind
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef
+from modelsync.errors import UnreadableFileError
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,7 @@ class Problem:
 
 
 def quick_check(root: Path, record: CompletionRecord) -> list[Problem]:
-    """Presence, type and size of every file of the model at `root`: one lstat each, no reads."""
+    """Presence, type, size and mode of every file of the model at `root`: one lstat each, no reads."""
     problems = []
     for f in record.files:
         found = model_files.entry(root, f.path)
@@ -35,11 +36,17 @@ def quick_check(root: Path, record: CompletionRecord) -> list[Problem]:
             problems.append(Problem(f.path, "not a regular file"))
         elif found.size_bytes != f.size_bytes:
             problems.append(Problem(f.path, f"size {found.size_bytes}, recorded {f.size_bytes}"))
+        elif found.mode & fs.READY_FILE_MODE != fs.READY_FILE_MODE:
+            # published readable by all: a consumer of another uid (vLLM) would fail with EACCES
+            reason = f"mode {found.mode:03o}, not readable by all (published {fs.READY_FILE_MODE:03o})"
+            problems.append(Problem(f.path, reason))
     return problems
 
 
 def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | None = None) -> list[Problem]:
-    """Re-hash every file against the record's xxh3-128; never follows a symlink.
+    """Re-hash every file against the record's xxh3-128; never follows a symlink, never blocks.
+
+    A file that is gone, not a regular file or unreadable is a problem like bad bytes.
 
     With `sha256s`, each file's SHA-256 is computed in the same pass and stored
     there, for a signature re-check that reads nothing twice.
@@ -50,9 +57,10 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
         for f in record.files:
             if f.path in bad:
                 continue
-            digest = model.digest(f.path, f.size_bytes, sha256=sha256s is not None)
-            if digest is None:
-                problems.append(Problem(f.path, "reachable only through a symlink"))
+            try:
+                digest = model.digest(f.path, f.size_bytes, sha256=sha256s is not None)
+            except UnreadableFileError as exc:
+                problems.append(Problem(f.path, str(exc)))
                 continue
             if sha256s is not None and digest.sha256 is not None:
                 sha256s[f.path] = digest.sha256

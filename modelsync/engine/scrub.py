@@ -14,7 +14,7 @@ from pathlib import Path
 from modelsync.adapters.model_files import ModelDir
 from modelsync.core import safetensors
 from modelsync.engine.ready import Problem
-from modelsync.errors import MalformedModelError
+from modelsync.errors import MalformedModelError, UnreadableFileError
 
 
 def scrub(root: Path, files: Iterable[tuple[str, int]]) -> list[Problem]:
@@ -30,12 +30,16 @@ def scrub(root: Path, files: Iterable[tuple[str, int]]) -> list[Problem]:
                 headers[path] = _header(model, path, size_bytes)
             except MalformedModelError as exc:
                 problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
+            except UnreadableFileError as exc:
+                problems.append(Problem(path, str(exc)))
         for path in sorted(p for p in listed if p.rpartition("/")[2] == safetensors.INDEX_NAME):
-            data = model.read(path, 0, min(listed[path], safetensors.MAX_INDEX_BYTES + 1))
             try:
+                data = model.read(path, 0, min(listed[path], safetensors.MAX_INDEX_BYTES + 1))
                 safetensors.check_index(path, data, headers, frozenset(listed))
             except MalformedModelError as exc:
                 problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
+            except UnreadableFileError as exc:
+                problems.append(Problem(path, str(exc)))
     return problems
 
 

@@ -21,7 +21,7 @@ from modelsync.core.refs import ModelRef
 from modelsync.core.signature import Mode, SignatureRule, SignedModel, check_contents, check_identity
 from modelsync.engine.ready import Problem, full_check
 from modelsync.engine.scrub import raise_first, scrub
-from modelsync.errors import LocalStorageError, SignatureError, UnsignedModelError
+from modelsync.errors import LocalStorageError, SignatureError, UnreadableFileError, UnsignedModelError
 
 
 class SignatureCheck:
@@ -95,9 +95,10 @@ def final_check(
 
 def _sha256(root: Path, path: str, size_bytes: int) -> str:
     with ModelDir(root) as model:
-        digest = model.digest(path, size_bytes, sha256=True)
-    if digest is None:
-        raise LocalStorageError(f"{root / path}: gone, or reachable only through a symlink")
+        try:
+            digest = model.digest(path, size_bytes, sha256=True)
+        except UnreadableFileError as exc:
+            raise LocalStorageError(f"{root / path}: {exc}") from None
     return digest.sha256 or ""
 
 
@@ -110,7 +111,8 @@ def full_recheck(
     signed = rule.mode is not Mode.OFF and signature_name in paths
     sha256s: dict[str, str] | None = {} if signed else None
     problems = full_check(root, record, sha256s)
-    problems += scrub(root, [(f.path, f.size_bytes) for f in record.files])
+    bad = {p.path for p in problems}  # gone, not a file, unreadable: reported once, never opened again
+    problems += scrub(root, [(f.path, f.size_bytes) for f in record.files if f.path not in bad])
     if rule.mode is Mode.REQUIRED and signature_name not in paths:
         problems.append(Problem(signature_name, "missing, and the signature policy requires one"))
     if not signed or sha256s is None or any(p.path == signature_name for p in problems):

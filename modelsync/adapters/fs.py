@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from modelsync.adapters.access import permission_hint
 from modelsync.core.units import format_bytes
 from modelsync.errors import DiskFullError, LocalStorageError
 
@@ -50,9 +51,7 @@ def storage_error(exc: OSError, path: Path | str, needed_bytes: int | None = Non
     if exc.errno == errno.EROFS:
         return LocalStorageError(f"{path} is on a read-only filesystem; mount the cache read-write")
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return LocalStorageError(
-            f"permission denied on {path}; run as a user in the cache's group or fix its mode"
-        )
+        return LocalStorageError(f"permission denied on {path}; {permission_hint(Path(path))}")
     if exc.errno == errno.ELOOP:
         return LocalStorageError(f"refusing to follow a symlink at {path}; remove it from the cache")
     if exc.errno == errno.ENOTDIR:
@@ -289,14 +288,16 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE, fsync: bool = T
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+    try:  # a full disk fails the write: the temporary file goes too (`gc` removes a crash's)
+        try:
+            left = memoryview(data)
+            while left:  # a write cut short by a filling disk goes on, to fail, never renamed torn
+                left = left[os.write(fd, left) :]
+            os.fchmod(fd, mode)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.rename(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -408,6 +409,7 @@ def umask_keeps(mode: int) -> bool:
 
 
 def share_with_group(fd: int) -> None:
-    """Make a file this process just created writable by the cache's group (best effort)."""
-    with contextlib.suppress(PermissionError):
+    """Make a file this process just created writable by the cache's group (best effort: not on a
+    read-only mount, where an existing lock file opens but cannot change)."""
+    with contextlib.suppress(OSError):
         os.fchmod(fd, FILE_MODE)

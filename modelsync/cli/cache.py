@@ -14,8 +14,9 @@ from typing import Annotated
 
 import typer
 
-from modelsync.adapters import fs
+from modelsync.adapters import access, fs
 from modelsync.adapters.cache import Cache
+from modelsync.adapters.cache.damaged import DamagedRecord
 from modelsync.cli.options import (
     CacheDir,
     ConfigFile,
@@ -50,12 +51,18 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     with open_catalog(cache) as catalog:
         views = catalog.views()
         use = budget_use(catalog.eviction_entries(views), budget)
+        damaged = catalog.damaged
     used = use.used_bytes
     free = fs.free_bytes(settings.cache_dir)
+    _warn_damaged(damaged)
     if as_json:
         doc = {
             "models": [_as_dict(v) for v in views],
             "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},
+            "damaged_records": [
+                {"path": str(d.path), "reason": d.reason, "model": d.ref.model_id if d.ref else None}
+                for d in damaged
+            ],
         }
         typer.echo(json.dumps(doc, indent=1))
         return
@@ -82,6 +89,19 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     typer.echo(
         f"{plural(len(views), 'model')}, {format_bytes(used)} used{limit}, {format_bytes(free)} free on disk"
     )
+
+
+def _warn_damaged(damaged: list[DamagedRecord]) -> None:
+    """Say which completion records cannot be read, what that means and what to do (on stderr)."""
+    for d in damaged:
+        if d.ref is None:
+            what = "no cached model has it; `modelsync gc` removes it"
+        else:
+            what = (
+                f"{d.ref.model_id} is not served and counts as quarantined; `modelsync verify --repair` "
+                "fetches it again, `modelsync evict` removes it"
+            )
+        typer.echo(f"warning: completion record {d.path} cannot be read ({d.reason}); {what}", err=True)
 
 
 def evict_command(
@@ -121,6 +141,7 @@ def evict_command(
             raise UsageError(plan.describe()[0])
         if dry_run:
             return
+        access.require_writable(cache.root, "evict")
         result = evict(cache, catalog, plan.victims)
     for model in result.skipped:
         typer.echo(f"skipped {model}: a pull of it started meanwhile", err=True)
@@ -185,6 +206,7 @@ def _set_pin(model: str, pinned: bool, cache_dir: CacheDir, config: ConfigFile) 
     cache = existing_cache(cache_settings(cache_dir, config))
     with open_catalog(cache) as catalog:
         catalog.require(ref.model_id)
+    access.require_writable(cache.root, "pin" if pinned else "unpin")
     cache.pin(ref, pinned)
     typer.echo(f"{'pinned' if pinned else 'unpinned'} {ref.model_id}")
 
@@ -242,15 +264,24 @@ def verify(
         elif not check.problems:
             typer.echo(f"ok    {check.model}")
         for problem in check.problems:
-            typer.echo(f"bad   {check.model}/{problem.path}: {problem.reason}")
+            typer.echo(f"bad   {check.model}{'/' if problem.path else ''}{problem.path}: {problem.reason}")
     for item in [] if as_json else report.leftovers:
         typer.echo(f"note  {item.path}: {item.reason} (modelsync gc removes it)")
+    if report.read_only and not as_json:
+        typer.echo(f"note  {cache.root} is read-only here: nothing was recorded or quarantined")
     if repair:
+        access.require_writable(cache.root, "verify --repair")
         targets = [parse_model_name(model).model_id] if model else quarantined
         for target in targets:
             _repair(settings, cache, target, quiet)
         return
     damaged = [c.model for c in report.checks if c.problems]
+    if damaged and report.read_only:
+        raise IntegrityError(
+            f"{plural(len(damaged), 'model')} damaged ({', '.join(damaged)}), and not quarantined: this "
+            "cache is read-only here (a read-only mount, or a user outside its group); run "
+            "`modelsync verify` where it is writable (on the node, as the daemon's user)"
+        )
     if damaged:
         raise IntegrityError(
             f"{plural(len(damaged), 'model')} damaged and quarantined ({', '.join(damaged)}); "
@@ -286,6 +317,8 @@ def gc(
 
     age_s = parse_duration(older_than)
     cache = existing_cache(cache_settings(cache_dir, config))
+    if not dry_run:
+        access.require_writable(cache.root, "gc")
     with open_catalog(cache) as catalog:
         stale_rows = catalog.stale_rows_dropped
         found = leftovers(cache, age_s) if dry_run else collect_garbage(cache, catalog, age_s)

@@ -44,7 +44,7 @@ class ModelRef:
     @property
     def slug(self) -> str:
         """A unique file name for this model's state (locks, journals, records)."""
-        readable = _SLUG_UNSAFE.sub("-", self.model_id.replace("/", "--"))[:_SLUG_READABLE_CHARS]
+        readable = slug_readable(self.model_id)
         digest = hashlib.sha256(self.model_id.encode()).hexdigest()[:12]
         return f"{readable}-{digest}"
 
@@ -53,6 +53,15 @@ class ModelRef:
         if not key.startswith(self.prefix):
             raise UnsafeKeyError(f"key {key!r} is outside the model prefix {self.uri}")
         return key[len(self.prefix) :]
+
+
+def slug_readable(model_id: str) -> str:
+    """The readable part of a slug: `model_id` (or the start of one) made filesystem-safe, truncated.
+
+    The slug of `a/b/c` starts with the readable part of `a/b`, until the truncation: so a
+    model can be found again from its slug by descending only where the readable part leads.
+    """
+    return _SLUG_UNSAFE.sub("-", model_id.replace("/", "--"))[:_SLUG_READABLE_CHARS]
 
 
 def is_bucket_name(name: str) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
+from modelsync.adapters.cache.damaged import DamagedRecord, damaged_record
 from modelsync.adapters.index import Index, IndexedModel
 from modelsync.core.eviction import Blob, CacheEntry
 from modelsync.core.lifecycle import CacheState
@@ -44,8 +45,15 @@ class ModelView:
 class Catalog:
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
+        #: ready records that cannot be read, found by the last sync with the index
+        self.damaged: list[DamagedRecord] = []
         cache.ensure()
-        self.index = Index(cache.index_path)
+        try:
+            self.index = Index(cache.index_path)
+        except LocalStorageError:
+            # A read-only mount or a user outside the cache's group cannot open it (SQLite
+            # writes beside it even to read): the private copy below serves read-only commands.
+            self.index = Index(None)
         try:
             if not self.index.is_current():
                 self.index.reset()
@@ -73,21 +81,30 @@ class Catalog:
             self.index.remove(stale)
         for model, (ref, record, state) in on_disk.items():
             row = rows.get(model)
-            if row is None or row.state != state or row.completed_at != record.completed_at:
+            if row is None or not _in_step(row, record, state):
                 self._put(ref, record, state)
         return len(stale)
 
     def _records_on_disk(self) -> Iterator[tuple[str, tuple[ModelRef, CompletionRecord, CacheState]]]:
+        """Every model a record (or a damaged record's stand-in) vouches for, and its state.
+
+        A ready model whose record cannot be read is counted as quarantined, from the
+        files at its ready path: never served, but it holds space until `verify`
+        quarantines it or `evict` removes it. `damaged` lists those records.
+        """
         # Quarantine first, so a ready record of the same model (pulled again since) wins.
         for quarantined, state in ((True, CacheState.QUARANTINED), (False, CacheState.READY)):
-            for slug, record in self.cache.stored_records(quarantined=quarantined):
-                try:
-                    ref = parse_model_name(record.source)
-                except ModelsyncError:
-                    continue
-                if slug != ref.slug or not self.cache.has_data_dir(ref, quarantined=quarantined):
-                    continue
-                yield ref.model_id, (ref, record, state)
+            records, damaged = self.cache.scan_records(quarantined=quarantined)
+            for _slug, record in records:
+                ref = parse_model_name(record.source)  # read_records checked it names this slug
+                if self.cache.has_data_dir(ref, quarantined=quarantined):
+                    yield ref.model_id, (ref, record, state)
+            if quarantined:
+                continue
+            self.damaged = [damaged_record(self.cache.root, path, reason) for path, reason in damaged]
+            for found in self.damaged:
+                if found.ref is not None and found.stand_in is not None:
+                    yield found.ref.model_id, (found.ref, found.stand_in, CacheState.QUARANTINED)
 
     def register(self, ref: ModelRef, record: CompletionRecord, state: CacheState = CacheState.READY) -> None:
         """Add or replace a model's row, after its record was written (`make_ready`, a quarantine).
@@ -204,6 +221,27 @@ def open_catalog(cache: Cache) -> Iterator[Catalog]:
         yield catalog
     finally:
         catalog.close()
+
+
+def _in_step(row: IndexedModel, record: CompletionRecord, state: CacheState) -> bool:
+    """Whether an index row says what its record says: an edited or stale row is put again."""
+    return (
+        row.source,
+        row.state,
+        row.completed_at,
+        row.size_bytes,
+        row.files,
+        row.verified_by,
+        row.signer,
+    ) == (
+        record.source,
+        state,
+        record.completed_at,
+        record.total_bytes,
+        len(record.files),
+        record.verified_by,
+        record.signer,
+    )
 
 
 def _latest(*instants: float | None) -> float | None:

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelsync.adapters import fs
+from modelsync.adapters import access, fs
 from modelsync.adapters.cache import Cache, Journal
+from modelsync.adapters.cache.damaged import DamagedRecord
 from modelsync.adapters.cache.leftovers import Leftover, leftovers, remove_leftover
 from modelsync.core.lifecycle import CacheState
 from modelsync.core.parts import layout_bytes, plan_parts
@@ -53,6 +54,9 @@ class ModelCheck:
 class VerifyReport:
     checks: list[ModelCheck] = field(default_factory=list)
     leftovers: list[Leftover] = field(default_factory=list)
+    #: the cache could not be written (a read-only mount, a user outside its group): models were
+    #: checked, but neither their verification recorded nor a damaged one quarantined
+    read_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -75,15 +79,39 @@ def verify(
     views = catalog.views()
     if model is not None:
         views = [catalog.require(parse_model_name(model).model_id)]
-    report = VerifyReport()
+    report = VerifyReport(read_only=not access.writable(cache.state_dir))
     for view in views:
         if view.state is not CacheState.READY:
             continue
         ref = parse_model_name(view.model)
         rule = signatures(ref) if signatures is not None and full else SignatureRule("", Mode.OFF)
-        report.checks.append(_check_model(cache, catalog, ref, full, rule, signature_name))
+        report.checks.append(_check_model(cache, catalog, ref, full, rule, signature_name, report.read_only))
+    for damaged in catalog.damaged:  # one without files is a leftover, noted below
+        if damaged.ref is not None and (model is None or damaged.ref == parse_model_name(model)):
+            report.checks.append(_quarantine_damaged(cache, catalog, damaged, report.read_only))
     report.leftovers = leftovers(cache)
     return report
+
+
+def _quarantine_damaged(
+    cache: Cache, catalog: Catalog, damaged: DamagedRecord, read_only: bool
+) -> ModelCheck:
+    """Report a record that cannot be read; quarantine its model's files under their stand-in record.
+
+    `verify --repair` then fetches every file again (the stand-in vouches for none).
+    """
+    assert damaged.ref is not None
+    problem = Problem("", f"completion record {damaged.path} cannot be read ({damaged.reason})")
+    if damaged.stand_in is None or read_only:
+        return ModelCheck(damaged.ref.model_id, (problem,))
+    lock = cache.lock(damaged.ref)
+    if not lock.try_acquire():
+        return ModelCheck(damaged.ref.model_id, (), busy=True)
+    try:
+        _quarantine(cache, catalog, damaged.ref, damaged.stand_in)
+    finally:
+        lock.release()
+    return ModelCheck(damaged.ref.model_id, (problem,), quarantined=True)
 
 
 def _check_model(
@@ -93,9 +121,15 @@ def _check_model(
     full: bool,
     rule: SignatureRule,
     signature_name: str,
+    read_only: bool = False,
 ) -> ModelCheck:
+    """Check one ready model under its lock; record the result, or quarantine it when damaged.
+
+    On a cache it cannot write (`read_only`) the check runs without the lock (which it
+    cannot create), and only reports.
+    """
     lock = cache.lock(ref)
-    if not lock.try_acquire():
+    if not read_only and not lock.try_acquire():
         return ModelCheck(ref.model_id, (), busy=True)
     try:
         record = cache.ready_record(ref)
@@ -106,7 +140,11 @@ def _check_model(
             full_recheck(ref, root, record, rule, signature_name) if full else quick_check(root, record)
         )
         problems += _strays(root, record)
+        if read_only:
+            return ModelCheck(ref.model_id, tuple(problems))
         if not problems:
+            if full:  # the index follows the record just checked, files and inodes included
+                catalog.register(ref, record)
             now = time.time()
             cache.mark_verified(ref, now)
             catalog.index.set_verified(ref.model_id, now)

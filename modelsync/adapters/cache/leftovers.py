@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from modelsync.adapters import fs
+from modelsync.adapters.cache.damaged import find_model, read_records
 from modelsync.adapters.cache.markers import Markers
 from modelsync.adapters.foreground import remove_if_stale, stale_markers
 from modelsync.core.record import parse_record
@@ -61,7 +63,7 @@ def leftovers(cache: Markers, older_than_s: float = 0.0) -> list[Leftover]:
     }
     for name in _names(cache.locks_dir):
         slug = name.removesuffix(".lock").removesuffix(".holder")
-        if slug in live or slug == "space" or cache.lock_is_held(slug):
+        if slug in live or slug == "space" or cache.lock_is_held(slug) or _TEMPORARY.fullmatch(name):
             continue
         if now - _mtime(cache.locks_dir / name) >= older_than_s:
             found.append(Leftover(cache.locks_dir / name, "orphan lock"))
@@ -71,6 +73,18 @@ def leftovers(cache: Markers, older_than_s: float = 0.0) -> list[Leftover]:
         Leftover(cache.trash_dir / n, "unfinished delete")
         for n in _names(cache.trash_dir)
         if now - _ctime(cache.trash_dir / n) >= older_than_s
+    ]
+    found += [
+        Leftover(path, "temporary file of a write that never finished (a crash or a full disk)")
+        for path in _temporary_files(cache)
+        if now - _mtime(path) >= older_than_s
+    ]
+    found += [
+        Leftover(path, f"completion record of no cached model, and it cannot be read ({reason})")
+        for path, reason in read_records(cache.records_dir)[1]
+        if find_model(cache.root, path.name.removesuffix(".json")) is None
+        and not cache.lock_is_held(path.name.removesuffix(".json"))
+        and now - _mtime(path) >= older_than_s
     ]
     found += [
         Leftover(path, "foreground marker of a pull that has ended", Removal.UNLOCKED)
@@ -146,6 +160,26 @@ def remove_leftover(item: Leftover) -> bool:
         else:
             item.path.unlink(missing_ok=True)
     return True
+
+
+#: how `fs.write_atomic` names the file it writes before renaming it into place
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+-[0-9a-f]{8}")
+
+
+def _temporary_files(cache: Markers) -> list[Path]:
+    """Temporary files of atomic writes (records, markers, notes) that a crash or ENOSPC left behind."""
+    directories = (
+        cache.state_dir,
+        cache.records_dir,
+        cache.quarantine_dir,
+        cache.locks_dir,
+        cache.pins_dir,
+        cache.used_dir,
+        cache.verified_dir,
+        cache.leases_dir,
+        cache.reservations_dir,
+    )
+    return [d / name for d in directories for name in _names(d) if _TEMPORARY.fullmatch(name)]
 
 
 def _names(directory: Path) -> list[str]:

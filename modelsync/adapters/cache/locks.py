@@ -73,7 +73,7 @@ class ModelLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone already, or a read-only mount
                 self.holder_path.unlink()
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None

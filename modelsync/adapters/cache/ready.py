@@ -14,6 +14,7 @@ import stat
 from pathlib import Path, PurePosixPath
 
 from modelsync.adapters import fs
+from modelsync.adapters.cache.damaged import read_records
 from modelsync.adapters.cache.markers import Markers
 from modelsync.adapters.cache.staging import Staging
 from modelsync.core.record import CompletionRecord, parse_record, render_record
@@ -51,25 +52,18 @@ class ReadyModels(Markers):
         """Every readable record of ready (or quarantined) models, by the slug in its file name.
 
         A record that cannot be read or parsed is skipped: it belongs to no model
-        that can be served. A records directory that cannot be listed is a
-        LocalStorageError.
+        that can be served (`damaged_records` says which they are). A records directory
+        that cannot be listed is a LocalStorageError.
         """
+        return self.scan_records(quarantined=quarantined)[0]
+
+    def scan_records(
+        self, *, quarantined: bool
+    ) -> tuple[list[tuple[str, CompletionRecord]], list[tuple[Path, str]]]:
+        """The readable records by slug, and the damaged ones with why (`damaged.read_records`)."""
         directory = self.quarantine_dir if quarantined else self.records_dir
-        found = []
         with fs.storage_errors(directory):
-            try:
-                names = sorted(os.listdir(directory))
-            except FileNotFoundError:
-                names = []
-        for name in names:
-            if not name.endswith(".json") or name.startswith("."):
-                continue
-            path = directory / name
-            try:
-                found.append((name.removesuffix(".json"), parse_record(path.read_bytes(), str(path))))
-            except (OSError, ManifestError):
-                continue
-        return found
+            return read_records(directory)
 
     def data_dir(self, ref: ModelRef, *, quarantined: bool) -> Path:
         """Where a ready (or quarantined) model's files are."""

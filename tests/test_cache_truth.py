@@ -400,7 +400,7 @@ def test_read_only_commands_work_on_a_read_only_cache_and_the_others_say_why_not
 
 @needs_mount_namespace
 @pytest.mark.root
-@pytest.mark.parametrize("state_mode", [0o2775, 0o2770])
+@pytest.mark.parametrize("state_mode", [0o2775, 0o2770], ids=["readable-by-others", "group-only"])
 def test_a_user_outside_the_cache_group_reads_what_it_may_or_is_told_to_join_the_group_in_one_line(
     state_mode: int, cache: Cache, cache_dir: Path, pulled: Callable[..., Model], run: Run
 ) -> None:

@@ -222,6 +222,28 @@ def _understated_manifest(world: World) -> None:
     )
 
 
+def _cached_by_hand(how: str) -> Callable[[World], None]:
+    """A ready model made on disk without a pull: its record damaged, or its one file a named pipe."""
+
+    def arrange(world: World) -> None:
+        cache = Cache(world.cache)
+        cache.ensure()
+        ref = parse_source("s3://models/org/m/")
+        ready = cache.ready_path(ref)
+        ready.mkdir(parents=True)
+        entry = {"path": "w.bin", "size": 4, "xxh3_128": xxh3_of(b"wwww"), "etag": None}
+        record = {"format": "modelsync-record", "version": 1, "source": ref.uri, "completed_at": 1.0}
+        record |= {"verified_by": "manifest", "files": [entry]}
+        if how == "fifo":
+            os.mkfifo(ready / "w.bin")
+            cache.record_path(ref).write_text(json.dumps(record))
+        else:
+            (ready / "w.bin").write_bytes(b"wwww")
+            cache.record_path(ref).write_text(json.dumps(record)[:40])
+
+    return arrange
+
+
 def _faulty(kind: str) -> Callable[[World], None]:
     def arrange(world: World) -> None:
         assert world.client is not None and world.fault_proxy is not None
@@ -599,6 +621,24 @@ MISTAKES = [
         USAGE,
         ("invalid duration 'soon'",),
         arrange=_empty_cache,
+    ),
+    Mistake(
+        "verify-of-a-damaged-record",
+        ("verify", "--cache-dir", "{cache}"),
+        INTEGRITY,
+        ("1 model damaged and quarantined (models/org/m)", "verify --repair"),
+        arrange=_cached_by_hand("damaged-record"),
+        stdout=True,
+        known_leftovers=("quarantine",),
+    ),
+    Mistake(
+        "verify-full-of-a-named-pipe",
+        ("verify", "--full", "--cache-dir", "{cache}"),
+        INTEGRITY,
+        ("1 model damaged and quarantined (models/org/m)", "verify --repair"),
+        arrange=_cached_by_hand("fifo"),
+        stdout=True,
+        known_leftovers=("quarantine",),
     ),
     # -- schedule commands
     Mistake(

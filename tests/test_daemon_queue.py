@@ -115,6 +115,14 @@ def test_a_failed_model_waits_its_backoff_while_the_others_go_on() -> None:
     assert "a" not in q.retries, "a success resets the backoff"
 
 
+def test_a_model_the_store_holds_broken_waits_the_longest_backoff_at_once() -> None:
+    q = queue()
+    q.plan(["a", "b"], [], now=0.0)
+    assert q.finished(Job("a", requested=False), 10.0, failed=True, rand=0.0, store_at_fault=True) == 150.0
+    assert q.finished(Job("a", requested=False), 160.0, failed=True, rand=1.0, store_at_fault=True) == 300.0
+    assert q.finished(Job("b", requested=False), 10.0, failed=True, rand=0.0) == 0.5, "an outage retries soon"
+
+
 def test_a_request_for_a_failed_model_tries_it_at_once() -> None:
     q = queue()
     q.plan(["a"], [], now=0.0)

@@ -13,7 +13,8 @@ outcome, and runs what it chooses.
   second. Requests skip the jitter.
 - **Backoff.** A failed model waits 2^n seconds (capped at `max_retry_s`,
   jittered down to half) before its next attempt; the others go on. A request
-  for it is a reason to try at once.
+  for it is a reason to try at once. A model the store holds broken (an
+  integrity failure) waits `max_retry_s` at once: only a republish fixes it.
 - **Foreground first.** While a foreground pull is announced nothing starts,
   and a running pull of another model yields; so does a background pull when a
   waiting pod requests another model.
@@ -88,8 +89,15 @@ class JobQueue:
             for model_id in due.keys() - set(wanted):
                 del due[model_id]
 
-    def finished(self, job: Job, now: float, *, failed: bool, rand: float = 0.0) -> float | None:
-        """A pull ended (not cancelled); after a failure, the seconds until its next attempt."""
+    def finished(
+        self, job: Job, now: float, *, failed: bool, rand: float = 0.0, store_at_fault: bool = False
+    ) -> float | None:
+        """A pull ended (not cancelled); after a failure, the seconds until its next attempt.
+
+        `store_at_fault`: the failure is the published model's (its manifest misstates a
+        size, its bytes or signature do not match): only a republish fixes it, so it
+        waits the longest backoff at once instead of retrying within seconds.
+        """
         model_id = job.model_id
         self._requested.pop(model_id, None)
         checked = model_id in self._refresh_at if job.refresh else not failed and bool(self._refresh_s)
@@ -100,6 +108,8 @@ class JobQueue:
             return None
         failures = self.retries[model_id].failures + 1 if model_id in self.retries else 1
         delay_s = retry_delay_s(failures, rand, self._max_retry_s)
+        if store_at_fault:
+            delay_s = self._max_retry_s * (0.5 + 0.5 * rand)
         self.retries[model_id] = Retry(failures, now + delay_s)
         return delay_s
 

@@ -58,7 +58,13 @@ from modelsync.engine.inventory import RemoteSizes, SizeLookup
 from modelsync.engine.node_plan import node_plan
 from modelsync.engine.ready import warm_path
 from modelsync.engine.rules import PullRules, pull_rules
-from modelsync.errors import IntegrityError, ModelsyncError, PullCancelledError, UsageError
+from modelsync.errors import (
+    IntegrityError,
+    ModelsyncError,
+    ObjectChangedError,
+    PullCancelledError,
+    UsageError,
+)
 
 log = logging.getLogger("modelsync.daemon")
 
@@ -292,7 +298,9 @@ class Reconciler:
             log.info("prefetch of %s stopped; it resumes later", label, extra={"model": label})
         elif exc is not None:
             self._requested.pop(job.model_id, None)
-            delay_s = self.queue.finished(job, self._clock(), failed=True, rand=random.random()) or 0.0
+            broken = isinstance(exc, IntegrityError) and not isinstance(exc, ObjectChangedError)
+            now, rand = self._clock(), random.random()
+            delay_s = self.queue.finished(job, now, failed=True, rand=rand, store_at_fault=broken) or 0.0
             self._failed(running, exc, delay_s)
         else:
             self._requested.pop(job.model_id, None)

@@ -303,6 +303,20 @@ INTEGRITY, STORAGE, REMOTE = ExitCode.INTEGRITY, ExitCode.LOCAL_STORAGE, ExitCod
 #: the next run resumes from them (a refused or misdirected pull leaves nothing)
 RESUMABLE = ("staging",)
 
+
+def _verify_finds(name: str, argv: tuple[str, ...], how: str) -> Mistake:
+    """`verify` of a model made by hand and damaged `how`: exit 5 in one line, the model quarantined."""
+    return Mistake(
+        name,
+        (*argv, "--cache-dir", "{cache}"),
+        INTEGRITY,
+        ("1 model damaged and quarantined (models/org/m)", "verify --repair"),
+        arrange=_cached_by_hand(how),
+        stdout=True,
+        known_leftovers=("quarantine",),
+    )
+
+
 MISTAKES = [
     # -- the parser's own mistakes
     Mistake("pull-without-source", ("pull",), USAGE, ("Missing argument 'SOURCE'", "modelsync pull --help")),
@@ -622,24 +636,8 @@ MISTAKES = [
         ("invalid duration 'soon'",),
         arrange=_empty_cache,
     ),
-    Mistake(
-        "verify-of-a-damaged-record",
-        ("verify", "--cache-dir", "{cache}"),
-        INTEGRITY,
-        ("1 model damaged and quarantined (models/org/m)", "verify --repair"),
-        arrange=_cached_by_hand("damaged-record"),
-        stdout=True,
-        known_leftovers=("quarantine",),
-    ),
-    Mistake(
-        "verify-full-of-a-named-pipe",
-        ("verify", "--full", "--cache-dir", "{cache}"),
-        INTEGRITY,
-        ("1 model damaged and quarantined (models/org/m)", "verify --repair"),
-        arrange=_cached_by_hand("fifo"),
-        stdout=True,
-        known_leftovers=("quarantine",),
-    ),
+    _verify_finds("verify-of-a-damaged-record", ("verify",), "damaged-record"),
+    _verify_finds("verify-full-of-a-named-pipe", ("verify", "--full"), "fifo"),
     # -- schedule commands
     Mistake(
         "plan-unknown-pool",

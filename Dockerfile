@@ -1,19 +1,23 @@
 # modelsync image: the CLI and the node daemon, for linux/amd64 (A100, B300)
 # and linux/arm64 (DGX Spark).
 #
-# Build both architectures and push them to the site's registry as one
-# multi-arch image (README, "Deploy on Kubernetes" > "The image"):
+# Build both architectures (README, "Deploy on Kubernetes" > "The image"):
+#   scripts/wheelhouse                          # once per lock change: ./wheelhouse, both arches
+#   scripts/image --packages wheelhouse         # podman, offline: --network none, no index
+# or with Docker, into the site's registry as one multi-arch image:
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
 #     -t registry.example.internal/platform/modelsync:0.1.0 --push .
 #
-# Two stages: the build stage installs the locked dependencies (modelsync's
-# runtime requirements and its `sign` extra, which verifies model signatures;
-# requirements.lock: pinned versions and the wheel hashes of both
-# architectures, so both resolve the same and nothing is compiled) and
-# modelsync into a virtualenv; the final stage copies that virtualenv onto the
-# same base with pip, setuptools and wheel removed.
+# Two stages. The build stage installs modelsync's locked dependencies
+# (requirements.lock: its runtime requirements and the `sign` extra, pinned
+# with the wheel hashes of both architectures, so both resolve the same and
+# nothing is compiled) into /opt/venv, and builds modelsync's own wheel with
+# the build backend of requirements-build.lock (setuptools, pinned with its
+# hash) without build isolation: nothing unpinned is fetched. The final stage
+# copies /opt/venv, which never had pip, onto the same base, whose own pip,
+# setuptools and wheel are removed.
 
 # The multi-arch index digest of python:3.11-slim-bookworm. Refresh it with
 #   docker buildx imagetools inspect python:3.11-slim-bookworm
@@ -21,18 +25,30 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
 FROM ${PYTHON_IMAGE} AS build
+# Where pip finds the locked wheels; their hashes are checked either way.
+#   an index URL: the site's PyPI mirror (default: PyPI), or
+#   "wheelhouse": only the wheels in ./wheelhouse of the build context
+#   (scripts/wheelhouse fills it), no index at all: build with --network none.
+ARG PACKAGES=https://pypi.org/simple
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY requirements.lock ./
-RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --require-hashes --only-binary=:all: --no-deps -r requirements.lock
+COPY requirements.lock requirements-build.lock ./
+# /opt/build: pip (the base's) and the pinned build backend. /opt/venv: the
+# runtime, without pip; the build venv's pip installs into it (--python).
+RUN --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    if [ "$PACKAGES" = wheelhouse ]; then set -- --no-index --find-links /wheelhouse; \
+    else set -- --index-url "$PACKAGES"; fi \
+ && python -m venv /opt/build \
+ && python -m venv --without-pip /opt/venv \
+ && /opt/build/bin/pip install "$@" --require-hashes --only-binary=:all: --no-deps -r requirements-build.lock \
+ && /opt/build/bin/pip --python /opt/venv/bin/python install "$@" \
+        --require-hashes --only-binary=:all: --no-deps -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY modelsync ./modelsync
-RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
- && /opt/venv/bin/pip install --no-deps --no-index /tmp/wheels/modelsync-*.whl \
- && rm -rf /opt/venv/lib/python3.11/site-packages/pip* /opt/venv/bin/pip*
+RUN /opt/build/bin/pip wheel --no-index --no-build-isolation --no-deps --wheel-dir /tmp/wheels . \
+ && /opt/build/bin/pip --python /opt/venv/bin/python install --no-index --no-deps /tmp/wheels/modelsync-*.whl
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0

@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -30,6 +31,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from support.kube import (
     JOBS,
     MANIFESTS,
@@ -709,16 +711,40 @@ def test_the_deploy_guides_yaml_parses_and_its_argo_cd_paths_exist() -> None:
             assert "manifests/clusters/" in doc["spec"]["template"]["spec"]["source"]["path"]
 
 
-def test_the_build_context_holds_exactly_what_the_dockerfile_copies() -> None:
-    copied = set()
+def test_the_build_context_holds_exactly_what_the_dockerfile_copies_and_mounts() -> None:
+    used = set()
     for stage in dockerfile_stages():
         for line in stage:
             if line.startswith("COPY ") and "--from=" not in line:
-                copied |= set(line.split()[1:-1])
+                used |= set(line.split()[1:-1])
+            used |= set(re.findall(r"--mount=type=bind,source=([\w.-]+)", line))
     included = {
         line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")
     }
-    assert copied == included == {"requirements.lock", "pyproject.toml", "README.md", "modelsync"}
+    assert used == included == {
+        "requirements.lock", "requirements-build.lock", "pyproject.toml", "README.md", "modelsync",
+        "wheelhouse",
+    }
+    assert (ROOT / "wheelhouse").is_dir(), "the bind mount's source exists in every checkout"
+
+
+def test_the_build_backend_is_pinned_with_its_hash_and_modelsyncs_wheel_built_without_isolation() -> None:
+    """Building modelsync's wheel with build isolation would fetch setuptools unpinned from an index."""
+    build_system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    requires = [Requirement(r) for r in build_system["requires"]]
+    lock = (ROOT / "requirements-build.lock").read_text()
+    pins = dict(re.findall(r"^([\w.-]+)==(\S+) \\\n    --hash=sha256:[0-9a-f]{64}$", lock, re.M))
+    assert lock.count("==") == len(pins) == len(requires)
+    for requirement in requires:
+        assert requirement.specifier.contains(pins[requirement.name]), requirement
+    builder = dockerfile_stages()[0]
+    installs = [line for line in builder if re.search(r"\bpip\b.*\binstall\b", line)]
+    assert any("-r requirements-build.lock" in line for line in installs)
+    for part in " ".join(installs).split("&&"):
+        if "pip" in part and "install" in part:
+            assert "--require-hashes" in part or "--no-index" in part, part
+    wheels = [part for line in builder for part in line.split("&&") if re.search(r"\bpip wheel\b", part)]
+    assert wheels and all("--no-build-isolation" in w and "--no-index" in w for w in wheels)
     assert "*" in (ROOT / ".dockerignore").read_text().splitlines()
 
 

@@ -315,6 +315,23 @@ def test_hostpath_mount_path_cache_dir_and_socket_agree_everywhere() -> None:
     assert mentions and {m.strip("`(),") for m in mentions} <= {SOCKET, "<cache>/.modelsync/daemon.sock"}
 
 
+def test_every_pod_that_writes_the_cache_runs_at_selinux_level_s0_and_no_container_overrides_it() -> None:
+    """Files take the MCS categories of the process that creates them: a writer with the pod's own
+    categories would make files no other pod can read (README, "1. Prepare each GPU node")."""
+    writers = []
+    for label, _, workload in workloads():
+        spec = pod_spec(workload)
+        if not any(not mount.get("readOnly", False) for _, mount in cache_mounts(spec)):
+            continue
+        writers.append(label)
+        assert spec["securityContext"].get("seLinuxOptions") == {"level": "s0"}, label
+        for container in containers(spec):
+            overridden = "seLinuxOptions" in container.get("securityContext", {})
+            assert not overridden, f"{label}/{container['name']}"
+    daemons = [w for w in writers if "modelsync-daemon-" in w]
+    assert len(daemons) == len(POOLS) and len(writers) == len(POOLS) * (1 + len(JOB_KINDS)), writers
+
+
 def tenant_specs() -> Iterator[tuple[str, Obj]]:
     for obj in examples():
         yield f"{obj['kind']}/{obj['metadata']['name']}", pod_spec(obj)

@@ -91,16 +91,16 @@ def weed_binary() -> Path:
     return Path(found)
 
 
-def _free(port: int) -> bool:
+def _free(port: int, address: str = LOOPBACK) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind((LOOPBACK, port))
+            probe.bind((address, port))
         except OSError:
             return False
     return True
 
 
-def pick_ports(count: int = len(_SERVICES), attempts: int = 200) -> tuple[int, ...]:
+def pick_ports(count: int = len(_SERVICES), attempts: int = 200, address: str = LOOPBACK) -> tuple[int, ...]:
     """`count` consecutive ports whose gRPC twins are free too.
 
     A free port can be taken before weed binds it; `SeaweedFS.start` retries on
@@ -114,7 +114,7 @@ def pick_ports(count: int = len(_SERVICES), attempts: int = 200) -> tuple[int, .
     for _ in range(attempts):
         base = random.randrange(_PORT_LOW, high)
         ports = tuple(range(base, base + count))
-        if all(_free(p) and _free(p + GRPC_OFFSET) for p in ports):
+        if all(_free(p, address) and _free(p + GRPC_OFFSET, address) for p in ports):
             return ports
     raise RuntimeError(f"no {count} free loopback ports with free +{GRPC_OFFSET} twins")
 
@@ -124,21 +124,31 @@ class SeaweedFS(Service):
 
     `identities` must hold at least one identity with `Write` (the first such one
     is used to probe readiness). `env(identity)` gives the S3Env a test or a child
-    process uses to talk to the server as that identity.
+    process uses to talk to the server as that identity. `bind` is where it listens:
+    loopback, unless containers on a bridge network must reach it (0.0.0.0); the
+    endpoint the host uses stays on loopback either way.
     """
 
-    def __init__(self, data_dir: Path, identities: Sequence[Identity]) -> None:
+    def __init__(self, data_dir: Path, identities: Sequence[Identity], bind: str = LOOPBACK) -> None:
         writers = [i for i in identities if "Write" in i.actions]
         if not writers:
             raise ValueError("SeaweedFS needs an identity with Write to probe readiness")
         self._data_dir = data_dir
         self._identities = tuple(identities)
+        self._bind = bind
         self._prober = writers[0]
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._s3_port: int | None = None
         self._ports: tuple[int, ...] = ()
         self.log_path = data_dir / "weed.log"
+
+    @property
+    def port(self) -> int:
+        """The S3 port, for clients that reach the server by another address than loopback."""
+        if self._s3_port is None:
+            raise RuntimeError("start() the server first")
+        return self._s3_port
 
     @property
     def endpoint_url(self) -> str:
@@ -160,7 +170,7 @@ class SeaweedFS(Service):
         while True:
             attempts += 1
             try:
-                self._launch(config, pick_ports())
+                self._launch(config, pick_ports(address=self._bind))
                 self._wait_until_writable(deadline)
                 return self
             except _DiedAtStart:
@@ -219,7 +229,7 @@ class SeaweedFS(Service):
                 f"-volume.port={volume}",
                 f"-filer.port={filer}",
                 f"-ip={LOOPBACK}",
-                f"-ip.bind={LOOPBACK}",
+                f"-ip.bind={self._bind}",
                 "-master.volumeSizeLimitMB=512",
                 f"-volume.max={MAX_VOLUMES}",
             ],

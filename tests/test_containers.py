@@ -282,6 +282,11 @@ def test_the_daemon_runs_with_its_rendered_security_context_and_writes_nothing_o
     podman: Podman, node: Node, daemon: DaemonRun
 ) -> None:
     found = podman.inspect(daemon.container)
+    env = dict(v.split("=", 1) for v in found["Config"]["Env"])
+    budget = node.configmap(f"modelsync-pool-{POOL}")["data"]["MODELSYNC_CACHE_MAX_BYTES"]
+    assert env["MODELSYNC_POOL"] == POOL and env["MODELSYNC_CACHE_MAX_BYTES"] == budget
+    assert env["AWS_ENDPOINT_URL"] == node.configmap("modelsync-site")["data"]["AWS_ENDPOINT_URL"]
+    assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"], "the Secret's keys"
     assert found["Config"]["User"] == "10001:10001"
     assert found["HostConfig"]["ReadonlyRootfs"] is True
     assert found["EffectiveCaps"] in (None, [])
@@ -338,6 +343,10 @@ def test_the_vllm_examples_init_container_pulls_through_the_socket_and_another_u
     code = podman.exit_code(f"{pod}-consumer")
     logs = podman("logs", f"{pod}-consumer")
     assert code == 0, logs.stderr
+    init = podman.inspect(f"{pod}-stage-weights")
+    assert init["State"]["ExitCode"] == 0
+    assert not [v for v in init["Config"]["Env"] if v.startswith("AWS_")], "the init container holds no keys"
+    assert podman("logs", f"{pod}-stage-weights").stdout.strip() == ready_path
     seen = json.loads(logs.stdout)
     assert seen["uid"] == 10002 and CACHE_GROUP in seen["groups"]
     assert {n: f["sha256"] for n, f in seen["files"].items()} == {

@@ -127,8 +127,9 @@ def stand_in_base(podman: Podman, arch: str) -> str:
         stale = podman("images", "--format", "{{.Repository}}:{{.Tag}}", f"{BASE_REPO}-{arch}", check=False)
         with tempfile.TemporaryDirectory() as tmp:
             rootfs = Path(tmp) / "rootfs.tar"
+            # Another arch's package scripts run under qemu: minutes idle, far more on a busy machine.
             done = subprocess.run(
-                [*recipe, str(rootfs)], capture_output=True, text=True, timeout=900, check=False
+                [*recipe, str(rootfs)], capture_output=True, text=True, timeout=3600, check=False
             )
             assert done.returncode == 0, f"mmdebstrap failed:\n{done.stderr[-3000:]}"
             podman("import", f"--arch={arch}", "--change", f"ENV {PATH_ENV}", str(rootfs), name,
@@ -147,7 +148,7 @@ def build_image(podman: Podman, arch: str, wheelhouse: Path, base: str) -> tuple
     done = subprocess.run(
         [str(ROOT / "scripts" / "image"), "--arch", arch, "--wheelhouse", str(wheelhouse), "--base", base,
          "--tag", tag],
-        env=podman_env(), capture_output=True, text=True, timeout=1800, check=False,
+        env=podman_env(), capture_output=True, text=True, timeout=3600, check=False,
     )
     assert done.returncode == 0, f"scripts/image failed:\n{done.stdout}\n{done.stderr[-5000:]}"
     return f"{tag}-{arch}", time.monotonic() - started

@@ -12,6 +12,7 @@ from the cluster are done here and only here:
   read, so the Secret's `data` goes in as a podman secret (JSON of base64 values, what
   secretKeyRef reads), under a name of this session's;
 - `fieldRef: spec.nodeName` (no downward API in podman 4.3): the node's name as a value;
+- init containers are kept after they ran (a podman annotation), for their logs;
 - pod and ConfigMap names carry the session's id, so sessions on one machine never
   collide (podman keeps a ConfigMap volume as a named volume, the ConfigMap's name).
 
@@ -89,7 +90,13 @@ class Node:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": pod_name, "labels": template.get("metadata", {}).get("labels", {})},
+            "metadata": {
+                "name": pod_name,
+                "labels": template.get("metadata", {}).get("labels", {}),
+                # Keep init containers once they ran (podman removes them by default): their
+                # logs and exit codes are part of what the tests check.
+                "annotations": {"io.podman.annotations.init.container.type": "always"},
+            },
             "spec": spec,
         }
         path = self.workdir / f"{pod_name}.yaml"

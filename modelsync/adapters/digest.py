@@ -91,12 +91,13 @@ class PrefixHasher:
         while self.position < end:
             aligned = self.position - self.position % mmap.ALLOCATIONGRANULARITY
             length = min(WINDOW_BYTES, end - aligned)
-            with mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=aligned) as window:
-                view = memoryview(window)
-                try:
-                    self._update(view[self.position - aligned :])
-                finally:
-                    view.release()
+            window = mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=aligned)
+            with memoryview(window)[self.position - aligned :] as view:
+                self._update(view)
+            # Closed only after a whole update. An exception (Ctrl-C, SIGTERM) raised inside
+            # one keeps its frames, and the slices they hold, alive in its traceback: closing
+            # the map then would raise BufferError over it. The map goes with its last slice.
+            window.close()
             self.position = aligned + length
 
     def _update(self, data: memoryview) -> None:

@@ -134,7 +134,9 @@ def evict_command(
     settings = cache_settings(cache_dir, config)
     cache = existing_cache(settings)
     with open_catalog(cache) as catalog:
-        plan = _eviction_plan(settings, catalog, models or [], to_size, unused_for, force)
+        unfinished = _unfinished(cache, catalog, models or [])
+        named = [m for m in models or [] if parse_model_name(m).model_id not in unfinished]
+        plan = _eviction_plan(settings, catalog, named, to_size, unused_for, force)
         if dry_run or (plan.satisfied and not as_json):
             _show_plan(plan, as_json)  # a dry run shows even a plan that falls short, and what blocks it
         if not plan.satisfied:
@@ -142,13 +144,19 @@ def evict_command(
         if dry_run:
             return
         access.require_writable(cache.root, "evict")
-        result = evict(cache, catalog, plan.victims)
+        result = evict(cache, catalog, [*plan.victims, *unfinished])
     for model in result.skipped:
         typer.echo(f"skipped {model}: a pull of it started meanwhile", err=True)
     if as_json:
         typer.echo(json.dumps({"evicted": list(result.evicted), "skipped": list(result.skipped)}, indent=1))
     else:
         typer.echo(f"evicted {plural(len(result.evicted), 'model')}")
+
+
+def _unfinished(cache: Cache, catalog: Catalog, models: list[str]) -> list[str]:
+    """Named models no longer cached whose eviction was stopped while deleting: the rerun finishes it."""
+    refs = [parse_model_name(m) for m in models]
+    return [r.model_id for r in refs if catalog.view(r.model_id) is None and cache.unfinished_removals(r)]
 
 
 def _show_plan(plan: EvictionPlan, as_json: bool) -> None:

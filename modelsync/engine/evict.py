@@ -48,6 +48,7 @@ def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResu
             # per-victim lookup of its state, which would read every model's markers again.
             cache.drop_quarantine(ref)
             cache.remove_ready(ref)
+            cache.finish_removal(ref)  # what an eviction stopped midway left in the trash
             cache.prune_parents(ref)
             cache.forget(ref)
             catalog.index.remove([model])

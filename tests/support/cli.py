@@ -15,6 +15,39 @@ from support.s3env import S3Env
 
 MODELSYNC = (sys.executable, "-m", "modelsync")
 
+# Runs the CLI with one kind of system work slowed, so a test can signal it in the middle:
+# SLOWED_CALL=hash makes every xxh3 update (the hashing of verify --full) take 0.1 s, =unlink
+# every unlink below a directory fd (the deletes of evict and gc). Each slowed call first
+# touches SLOWED_MARKER, so the test knows the work has begun.
+SLOWED = """
+import os, pathlib, shutil, time
+import xxhash
+marker = pathlib.Path(os.environ["SLOWED_MARKER"])
+def busy():
+    marker.touch()
+    time.sleep(0.1)
+if os.environ["SLOWED_CALL"] == "hash":
+    real_hash = xxhash.xxh3_128
+    class SlowHash:
+        def __init__(self):
+            self._hash = real_hash()
+        def update(self, data):
+            busy()
+            self._hash.update(data)
+        def hexdigest(self):
+            return self._hash.hexdigest()
+    xxhash.xxh3_128 = SlowHash
+elif os.environ["SLOWED_CALL"] == "unlink":
+    real_unlink = os.unlink
+    def slow_unlink(path, *, dir_fd=None):
+        if dir_fd is not None:
+            busy()
+        real_unlink(path, dir_fd=dir_fd)
+    os.unlink = slow_unlink
+from modelsync.__main__ import main
+main()
+"""
+
 
 def run_cli(
     env: dict[str, str],

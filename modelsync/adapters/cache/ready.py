@@ -111,7 +111,7 @@ class ReadyModels(Markers):
             if _exists(parent, name) and fs.exchange(staging_fd, staging.dir.name, parent, name):
                 fs.remove_tree(staging.dir)  # the old revision, now at the staging path
             else:
-                self._move_aside(parent, name)
+                self._move_aside(parent, name, ref.slug)
                 try:
                     os.rename(staging.dir.name, name, src_dir_fd=staging_fd, dst_dir_fd=parent)
                 except FileNotFoundError:
@@ -213,19 +213,42 @@ class ReadyModels(Markers):
         return staging
 
     def remove_ready(self, ref: ModelRef) -> None:
-        """Make a model not ready: the ready path disappears in one rename, then the data goes."""
+        """Make a model not ready: the ready path disappears in one rename, its record goes, then its data.
+
+        The data goes last, as the slowest step: a command stopped while it deletes
+        leaves the model no longer cached, its files in the trash under the model's
+        slug, which `finish_removal` (or gc) deletes.
+        """
         with fs.storage_errors(self.ready_path(ref)):
             try:
                 parent = self._open_parent(ref, create=False)
             except (FileNotFoundError, NotADirectoryError):
                 parent = None
+            doomed = None
             if parent is not None:
                 try:
-                    self._move_aside(parent, ref.cache_path.name)
+                    doomed = self._move_aside(parent, ref.cache_path.name, ref.slug, delete=False)
                 finally:
                     os.close(parent)
             with contextlib.suppress(FileNotFoundError):
                 self.record_path(ref).unlink()
+            if doomed is not None:
+                fs.remove_tree(doomed)
+
+    def unfinished_removals(self, ref: ModelRef) -> list[Path]:
+        """The model's files left in the trash by a removal that was stopped before it ended."""
+        with fs.storage_errors(self.trash_dir):
+            try:
+                names = os.listdir(self.trash_dir)
+            except FileNotFoundError:
+                return []
+        return [self.trash_dir / n for n in sorted(names) if n.startswith(f"{ref.slug}-")]
+
+    def finish_removal(self, ref: ModelRef) -> None:
+        """Delete what `unfinished_removals` lists."""
+        for doomed in self.unfinished_removals(ref):
+            with fs.storage_errors(doomed):
+                fs.remove_tree(doomed)
 
     def _open_parent(self, ref: ModelRef, create: bool) -> int:
         """The ready path's parent directory, reached without following any symlink."""
@@ -235,13 +258,18 @@ class ReadyModels(Markers):
         finally:
             os.close(root)
 
-    def _move_aside(self, parent_fd: int, name: str) -> None:
-        """Whatever is at the ready path goes to trash in one rename, then is deleted."""
+    def _move_aside(self, parent_fd: int, name: str, slug: str, delete: bool = True) -> Path | None:
+        """Whatever is at the ready path goes to trash (named for the model) in one rename, then is deleted.
+
+        With `delete=False` the caller deletes it: the trash path, or None when nothing was there.
+        """
         if not _exists(parent_fd, name):
-            return
-        doomed = self.trash_dir / f"{name}-{os.getpid()}-{os.urandom(4).hex()}"
+            return None
+        doomed = self.trash_dir / f"{slug}-{os.getpid()}-{os.urandom(4).hex()}"
         os.rename(name, doomed, src_dir_fd=parent_fd)
-        fs.remove_tree(doomed)
+        if delete:
+            fs.remove_tree(doomed)
+        return doomed
 
 
 #: how often making a model ready makes the ready path's parent again when a concurrent prune removed it

@@ -16,6 +16,11 @@ One request per connection:
     -> {"op": "status"}
     <- {"ok": true, "pool": "...", "ready": true, "paused": false, "current": "b/p", "plan": {...}}
 
+A request must arrive whole within a few seconds, and is bounded in bytes and
+nesting before it is parsed; connections are capped per peer uid and in all
+(socket_guard.py). Beyond a cap the daemon answers one refusal (code
+"daemon_busy", exit code 6) and hangs up.
+
 A request the daemon cannot serve gets {"ok": false, "error": "...", "code": "...", "exit_code": 2};
 one for a source it does not serve (not in the schedule, not under an allowed
 prefix) gets code "not_allowed" and exit code 8. The caller rebuilds the error
@@ -27,21 +32,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from modelsync.adapters.cache import STATE_DIR
 from modelsync.core.refs import ModelRef
-from modelsync.errors import LocalStorageError, ModelsyncError, UsageError, error_from_code
+from modelsync.core.units import format_bytes
+from modelsync.errors import (
+    DaemonBusyError,
+    LocalStorageError,
+    ModelsyncError,
+    UsageError,
+    error_from_code,
+)
+from modelsync.socket_guard import (
+    MAX_REQUEST_BYTES,
+    REQUEST_TIMEOUT_S,
+    Admission,
+    LogThrottle,
+    peer_uid,
+    shape_error,
+)
+
+log = logging.getLogger("modelsync.api")
 
 SOCKET_NAME = "daemon.sock"
 SOCKET_MODE = 0o660
-#: a request names a handful of models; anything longer is not one
+#: the longest reply a caller reads: a status with its plan can be long
 MAX_LINE_BYTES = 1024 * 1024
+#: accept() failures that a lack of file descriptors or memory causes; asyncio retries them after 1 s
+_ACCEPT_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 Message = dict[str, Any]
 Handler = Callable[[Message], Awaitable[Message]]
@@ -91,10 +119,12 @@ async def serve(path: Path, handler: Handler) -> asyncio.Server:
         if _answers(path):
             raise UsageError(f"a daemon already serves {path}; stop it first")
         path.unlink()
+    guard = _Guard(Admission(), LogThrottle())
+    asyncio.get_running_loop().set_exception_handler(_AcceptFailures(LogThrottle(every_s=1.0)))
     try:
         with _address(path) as address:
             server = await asyncio.start_unix_server(
-                lambda r, w: _connection(handler, r, w), path=address, limit=MAX_LINE_BYTES
+                lambda r, w: _connection(handler, guard, r, w), path=address, limit=MAX_REQUEST_BYTES
             )
     except OSError as exc:
         raise UsageError(f"cannot listen on {path}: {exc.strerror or exc}") from None
@@ -102,25 +132,101 @@ async def serve(path: Path, handler: Handler) -> asyncio.Server:
     return server
 
 
-async def _connection(handler: Handler, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+@dataclass(frozen=True, slots=True)
+class _Guard:
+    admission: Admission
+    refusals: LogThrottle
+
+
+async def _connection(
+    handler: Handler, guard: _Guard, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    uid = peer_uid(writer.get_extra_info("socket"))
+    refusal = guard.admission.admit(uid)
     try:
-        try:
-            request = json.loads(await reader.readline())
-            if not isinstance(request, dict):
-                raise UsageError("a request is one JSON object on one line")
-            reply = {"ok": True, **(await handler(request))}
-        except (ValueError, asyncio.LimitOverrunError):
-            reply = {"ok": False, **error_reply(UsageError("a request is one JSON object on one line"))}
-        except ModelsyncError as exc:
-            reply = {"ok": False, **error_reply(exc)}
-        writer.write(json.dumps(reply).encode() + b"\n")
-        await writer.drain()
-    except (ConnectionError, asyncio.IncompleteReadError):
+        if refusal is not None:
+            refused = guard.refusals.due(uid, time.monotonic())
+            if refused:
+                extra = {"code": DaemonBusyError.code, "uid": uid, "refused": refused}
+                log.warning("refused %d connection(s): %s", refused, refusal, extra=extra)
+            reply: Message | None = {"ok": False, **error_reply(DaemonBusyError(refusal))}
+        else:
+            reply = await _answer(handler, reader)
+        if reply is not None:
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+    except ConnectionError:
         pass  # the client went away; whatever it asked for goes on
     finally:
+        if refusal is None:
+            guard.admission.release(uid)
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+async def _answer(handler: Handler, reader: asyncio.StreamReader) -> Message | None:
+    """The reply to the connection's one request; None when the client left without sending one."""
+    try:
+        try:
+            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            raise UsageError(
+                f"no whole request within {REQUEST_TIMEOUT_S:.0f} s of connecting; "
+                "a request is one JSON object on one line"
+            ) from None
+        except ValueError:  # the line outgrew the reader's limit
+            raise UsageError(
+                f"a request is at most {format_bytes(MAX_REQUEST_BYTES)}; this one was longer"
+            ) from None
+        if not line:
+            return None
+        problem = shape_error(line)
+        if problem is not None:
+            raise UsageError(problem)
+        try:
+            request = json.loads(line)
+        except ValueError:
+            raise UsageError("a request is one JSON object on one line; this one is not JSON") from None
+        if not isinstance(request, dict):
+            raise UsageError(f"a request is one JSON object on one line, not a JSON {type(request).__name__}")
+        return {"ok": True, **(await handler(request))}
+    except ModelsyncError as exc:
+        return {"ok": False, **error_reply(exc)}
+
+
+@dataclass(frozen=True, slots=True)
+class _AcceptFailures:
+    """The event loop's exception handler: an accept() that fails for want of descriptors is a log
+    line a second at most, with a count, not a traceback per attempt.
+
+    asyncio stops accepting for a second after such a failure, but first tries the
+    rest of its backlog, each attempt reported. Anything else goes to asyncio's own handler.
+    """
+
+    throttle: LogThrottle
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if "socket" in context and isinstance(exc, OSError) and exc.errno in _ACCEPT_EXHAUSTED:
+            failed = self.throttle.due(exc.errno, time.monotonic())
+            if failed:
+                log.warning(
+                    "cannot accept %d connection(s) on %s: %s; retrying in 1 s",
+                    failed,
+                    _local_name(context["socket"]),
+                    exc.strerror,
+                    extra={"code": "accept_failed"},
+                )
+            return
+        loop.default_exception_handler(context)
+
+
+def _local_name(sock: Any) -> str:
+    with contextlib.suppress(OSError):
+        name = sock.getsockname()
+        return name if isinstance(name, str) else ":".join(str(part) for part in name[:2])
+    return "a listening socket"
 
 
 def call(path: Path, request: Message, timeout_s: float | None = None) -> Message | None:

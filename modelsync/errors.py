@@ -26,7 +26,8 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     │       ├── UntrustedSignatureError the signature or its signer is not trusted
     │       └── SignedContentError      a file is not listed in the signature or does not match
     ├── LocalStorageError (6)
-    │   └── DiskFullError           not enough space for the model
+    │   ├── DiskFullError           not enough space for the model
+    │   └── DaemonBusyError         the node daemon holds as many connections as it serves: retry
     ├── RemoteUnavailableError (7)  endpoint unreachable or failing after retries
     │   └── UnexpectedResponseError the endpoint answered, but not with the range asked for
     ├── SourceNotAllowedError (8)   the node daemon does not serve this source to tenants
@@ -180,6 +181,12 @@ class LocalStorageError(ModelsyncError):
 
 class DiskFullError(LocalStorageError):
     code = "disk_full"
+
+
+class DaemonBusyError(LocalStorageError):
+    """The node daemon refused a connection: its caller's uid, or all callers, hold as many as it serves."""
+
+    code = "daemon_busy"
 
 
 class RemoteUnavailableError(ModelsyncError):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -324,3 +326,35 @@ def test_no_start_lies_between_the_last_start_and_the_next(
     # the start just before `after` is `before` itself: nothing was skipped
     assert last_start(window, after - timedelta(microseconds=1)) == before
     assert next_start(window, before) == after
+
+
+def _day_rule_examples() -> list[tuple[str, list[str]]]:
+    """The rows of the day-rules table in docs/schedule.md: (expression, the five starts it lists)."""
+    text = (Path(__file__).parents[1] / "docs" / "schedule.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| ((?:\w{3} \d+ \w{3}(?:, )?){5}) \|$", text, re.MULTILINE)
+    return [(cron, days.split(", ")) for cron, days in rows]
+
+
+DAY_RULE_EXAMPLES = _day_rule_examples()
+
+
+def test_the_docs_give_day_rule_examples_with_and_without_a_numbered_weekday() -> None:
+    crons = [cron for cron, _ in DAY_RULE_EXAMPLES]
+    assert len(crons) >= 6
+    assert any("#" in c and c.split()[2] != "*" for c in crons), "a day of month with a # day of week"
+
+
+@pytest.mark.parametrize(("cron", "days"), DAY_RULE_EXAMPLES, ids=[c for c, _ in DAY_RULE_EXAMPLES])
+def test_cron_day_rules_fire_on_the_days_docs_schedule_md_lists(cron: str, days: list[str]) -> None:
+    validate_cron(cron)
+    window = CronWindow(cron, HOUR, "UTC")
+    starts: list[datetime] = []
+    now = utc(2026, 1, 1)
+    for _ in days:
+        start = next_start(window, now)
+        assert start is not None
+        starts.append(start)
+        now = start
+    assert [f"{s:%a} {s.day} {s:%b}" for s in starts] == days
+    # and looking back from just after each start finds that start
+    assert [last_start(window, s + timedelta(minutes=1)) for s in starts] == starts

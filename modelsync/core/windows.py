@@ -35,9 +35,13 @@ ever sees naive wall-clock times.
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
@@ -143,9 +147,8 @@ def validate_cron(expression: str) -> None:
             if not low <= number <= high:
                 raise bad(f"{name} must be {low}-{high}")
     try:
-        croniter(" ".join(fields), _PROBE).get_next(datetime)
-    except CroniterBadDateError:
-        raise bad("it never fires") from None
+        if next(_walls_after(" ".join(fields), _PROBE), None) is None:
+            raise bad("it never fires")
     except (CroniterError, ValueError, KeyError) as exc:
         reason = str(exc).replace(f"[{' '.join(fields)}]", "").strip() or type(exc).__name__
         raise bad(reason) from None
@@ -160,17 +163,15 @@ def last_start(window: Window, now: datetime) -> datetime | None:
     expression = _expand(window.cron)
     local_now = now.astimezone(zone)
     minute = local_now.replace(tzinfo=None, second=0, microsecond=0)
-    try:
-        wall = croniter(expression, minute + timedelta(minutes=1)).get_prev(datetime)
-    except CroniterBadDateError:
+    wall = _wall_before(expression, minute + timedelta(minutes=1))
+    if wall is None:
         return None
     best = _to_utc(wall, zone)
     if local_now.fold:
         # In the second pass of a repeated hour, later wall-clock times of the
         # first pass are already behind us.
-        later = croniter(expression, minute)
-        for _ in range(_MAX_SKIPPED_MATCHES):
-            instant = _to_utc(later.get_next(datetime), zone)
+        for later in islice(_walls_after(expression, minute), _MAX_SKIPPED_MATCHES):
+            instant = _to_utc(later, zone)
             if instant > now:
                 break
             best = instant
@@ -184,14 +185,14 @@ def next_start(window: Window, now: datetime) -> datetime | None:
         return None
     zone = ZoneInfo(window.timezone)
     minute = now.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0)
-    matches = croniter(_expand(window.cron), minute)
-    try:
-        for _ in range(_MAX_SKIPPED_MATCHES):
-            instant = _to_utc(matches.get_next(datetime), zone)
-            if instant > now:
-                return instant
-    except CroniterBadDateError:
-        return None
+    count = 0
+    for wall in islice(_walls_after(_expand(window.cron), minute), _MAX_SKIPPED_MATCHES):
+        count += 1
+        instant = _to_utc(wall, zone)
+        if instant > now:
+            return instant
+    if count < _MAX_SKIPPED_MATCHES:
+        return None  # it never fires again
     raise AssertionError(f"no start after {now} in {_MAX_SKIPPED_MATCHES} matches of {window}")
 
 
@@ -227,6 +228,48 @@ def previous(window: Window, now: datetime) -> Occurrence | None:
 def _expand(expression: str) -> str:
     text = expression.strip()
     return _SHORTHANDS.get(text.lower(), text)
+
+
+def _day_alternatives(expression: str) -> list[str]:
+    """The expression as croniter must see it for cron(8)'s day rule: a day matching either
+    restricted day field fires.
+
+    croniter applies that rule itself, but not when the day of week uses `#`
+    (`0 6 15 * fri#2` never fired). Split into one expression per day field,
+    each with the other unrestricted, the rule holds for every form.
+    """
+    fields = expression.split()
+    if len(fields) != len(_FIELDS) or fields[2] in ("*", "?") or fields[4] in ("*", "?"):
+        return [expression]
+    minute, hour, day, month, weekday = fields
+    return [f"{minute} {hour} {day} {month} *", f"{minute} {hour} * {month} {weekday}"]
+
+
+def _walls_after(expression: str, start: datetime) -> Iterator[datetime]:
+    """The matching wall-clock times strictly after the naive `start`, ascending, each once."""
+    streams = [_matches(croniter(e, start)) for e in _day_alternatives(expression)]
+    last = None
+    for wall in heapq.merge(*streams):
+        if wall != last:
+            yield wall
+            last = wall
+
+
+def _matches(matcher: croniter) -> Iterator[datetime]:
+    while True:
+        try:
+            yield matcher.get_next(datetime)
+        except CroniterBadDateError:  # no further match
+            return
+
+
+def _wall_before(expression: str, start: datetime) -> datetime | None:
+    """The latest matching wall-clock time strictly before the naive `start`; None when there is none."""
+    found = []
+    for alternative in _day_alternatives(expression):
+        with contextlib.suppress(CroniterBadDateError):
+            found.append(croniter(alternative, start).get_prev(datetime))
+    return max(found, default=None)
 
 
 def _plain_numbers(field: str) -> list[int]:

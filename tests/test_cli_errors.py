@@ -183,6 +183,7 @@ class World:
             "schedule": str(schedule),
             "dir": str(model_dir),
             "typo": str(self.tmp_path / "typo"),
+            "tmp": str(self.tmp_path),
             "tls": endpoint.replace("http://", "https://"),
             "config": str(self.tmp_path / "settings.toml"),
         }
@@ -272,6 +273,10 @@ def _config_fifo(world: World) -> None:
     os.mkfifo(world.tmp_path / "settings.toml")
 
 
+def _fifo(world: World) -> None:
+    os.mkfifo(world.tmp_path / "schedule.fifo")
+
+
 @dataclass(frozen=True)
 class Mistake:
     """One user mistake: the command line (with placeholders), what it must answer, and its setting."""
@@ -295,6 +300,7 @@ class Mistake:
 
 
 PULL = ("pull", "s3://models/org/m/", "--cache-dir", "{cache}", "-q")
+PLAN = ("plan", "--schedule", "{schedule}", "--pool", "b300-serving", "--offline", "--cache-dir", "{cache}")
 SRC = f"s3://{{bucket}}/{PREFIX}"
 USAGE, NOT_FOUND, DENIED = ExitCode.USAGE, ExitCode.NOT_FOUND, ExitCode.ACCESS_DENIED
 INTEGRITY, STORAGE, REMOTE = ExitCode.INTEGRITY, ExitCode.LOCAL_STORAGE, ExitCode.REMOTE_UNAVAILABLE
@@ -670,6 +676,31 @@ MISTAKES = [
          "--store-bandwidth", "1", "--cache-dir", "{cache}"),
         USAGE,
         ("invalid --nodes 10000000", "1 to 100000"),
+    ),
+    Mistake(
+        "plan-at-year-1",
+        (*PLAN, "--at", "0001-01-01"),
+        USAGE,
+        ("'0001-01-01' is outside what the planner handles", "1970-01-01 to 9000-01-01"),
+    ),
+    Mistake(
+        "plan-at-past-year-9999",
+        (*PLAN, "--at", "9999-12-31T23:59-12:00"),
+        USAGE,
+        ("outside what the planner handles",),
+    ),
+    Mistake(
+        "plan-schedule-is-a-fifo",
+        ("plan", "--schedule", "{tmp}/schedule.fifo", "--pool", "p", "--offline", "--cache-dir", "{cache}"),
+        USAGE,
+        ("the schedule is a FIFO, not a regular file",),
+        arrange=_fifo,
+    ),
+    Mistake(
+        "plan-schedule-is-a-directory",
+        ("plan", "--schedule", "{tmp}", "--pool", "p", "--offline", "--cache-dir", "{cache}"),
+        USAGE,
+        ("the schedule is a directory, not a regular file",),
     ),
     Mistake(
         "prefetch-unknown-name",

@@ -31,7 +31,7 @@ import enum
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 from modelsync.core.desired import DesiredModel, SchedulePhase, desired_models
@@ -256,6 +256,12 @@ def start_jitter_s(node: str, model_id: str, jitter_max_s: float) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64 * jitter_max_s
 
 
+#: instants `plan --at` accepts: the planner looks windows up before and after the instant, and
+#: datetime stops at the years 1 and 9999
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def parse_instant(text: str, default_zone: str) -> datetime:
     """ISO 8601 (`2026-05-04T07:30`, `...Z`, `...+09:00`); a time without offset is in `default_zone`."""
     try:
@@ -268,6 +274,15 @@ def parse_instant(text: str, default_zone: str) -> datetime:
         zone = load_zone(default_zone)
         # fold=0: an ambiguous wall time means its first occurrence, as for windows
         instant = instant.replace(tzinfo=zone)
+    try:
+        in_range = EARLIEST_INSTANT <= instant < LATEST_INSTANT
+    except OverflowError:  # an offset that takes it past year 1 or 9999
+        in_range = False
+    if not in_range:
+        raise UsageError(
+            f"time {text!r} is outside what the planner handles: {EARLIEST_INSTANT:%Y-%m-%d} "
+            f"to {LATEST_INSTANT:%Y-%m-%d} UTC (windows, leads and keeps are looked up around it)"
+        )
     return instant
 
 

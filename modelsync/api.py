@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsync.adapters.cache import STATE_DIR
+from modelsync.core.file_kind import file_kind
 from modelsync.core.refs import ModelRef
 from modelsync.core.units import format_bytes
 from modelsync.errors import (
@@ -114,8 +116,20 @@ def error_from_reply(reply: Message) -> ModelsyncError:
 
 
 async def serve(path: Path, handler: Handler) -> asyncio.Server:
-    """Listen on `path`, replacing a socket left by a dead daemon but never a live one."""
-    if path.exists() or path.is_symlink():
+    """Listen on `path`, replacing a socket left by a dead daemon but never a live one.
+
+    Anything else found there (a directory, a file, a FIFO, a symlink) is refused,
+    never removed or followed: the daemon deletes only what it made.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None:
+        if not stat.S_ISSOCK(mode):
+            raise UsageError(
+                f"{path} is {file_kind(mode)}, not the daemon's socket; remove it and start the daemon again"
+            )
         if _answers(path):
             raise UsageError(f"a daemon already serves {path}; stop it first")
         path.unlink()

@@ -140,15 +140,25 @@ class ScheduleWatcher:
 
     def _load(self, schedule: Schedule) -> None:
         self._reconciler.set_schedule(schedule)
-        self._metrics.schedule_loaded()
-        pool_models = len(schedule.for_pool(self._reconciler.config.pool))
+        pool = self._reconciler.config.pool
+        pool_models = len(schedule.for_pool(pool))
+        self._metrics.schedule_loaded(pool_models)
         log.info(
             "schedule loaded: %d models, %d for pool %s",
             len(schedule.models),
             pool_models,
-            self._reconciler.config.pool,
+            pool,
             extra={"schedule": str(self.path), "digest": self._digest},
         )
+        if not pool_models:
+            known = sorted({p for m in schedule.models for p in m.pools})
+            log.warning(
+                "no model of the schedule names pool %s, so this node stages nothing; its pools are %s "
+                "(check --pool / MODELSYNC_POOL against the node's accelerator.pool label)",
+                pool,
+                ", ".join(known) or "none",
+                extra={"code": "pool_not_in_schedule", "schedule": str(self.path)},
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -189,19 +199,25 @@ async def _serve(settings: Settings, options: DaemonOptions) -> None:
     api_server = await api.serve(
         sock, lambda request: _handle(reconciler, options.allowed_prefixes, request)
     )
+    # From here on the socket is ours: a start that fails later (the HTTP port is taken)
+    # removes it again, so no stale socket is left for tenants to wait on.
+    runner: web.AppRunner | None = None
     loop_task = asyncio.create_task(reconciler.run(stop))
     watch_task = asyncio.create_task(watcher.run(stop))
-    runner = await _start_http(options, reconciler, metrics, loop_task)
-    log.info("serving the local API on %s", sock, extra={"socket": str(sock)})
     try:
+        runner = await _start_http(options, reconciler, metrics, loop_task)
+        log.info("serving the local API on %s", sock, extra={"socket": str(sock)})
         await loop_task
     finally:
         stop.set()
         await watch_task
+        if not loop_task.done():
+            await asyncio.wait([loop_task])  # its outcome is not this start's failure
         api_server.close()
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
         log.info("stopped")
 
 

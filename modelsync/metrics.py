@@ -133,6 +133,11 @@ class DaemonMetrics:
             "1 when the latest schedule file loaded; 0 when it was refused and the last good one is used.",
             registry=r,
         )
+        self.pool_matched = Gauge(
+            "modelsync_schedule_pool_matched",
+            "1 when some model of the loaded schedule names this node's pool; 0 when none does (a typo?).",
+            registry=r,
+        )
         self.paused = Gauge(
             "modelsync_prefetch_paused",
             "1 while background prefetch yields to a foreground pull.",
@@ -185,8 +190,9 @@ class DaemonMetrics:
     def set_paused(self, paused: bool) -> None:
         self.paused.set(1 if paused else 0)
 
-    def schedule_loaded(self) -> None:
+    def schedule_loaded(self, pool_models: int) -> None:
         self.schedule_ok.set(1)
+        self.pool_matched.set(1 if pool_models else 0)
 
     def schedule_refused(self, code: str) -> None:
         self.schedule_errors.labels(code=code).inc()

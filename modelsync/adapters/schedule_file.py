@@ -7,19 +7,43 @@ the daemon accepts. Reading stops just past the size limit, so a huge file
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
+from modelsync.core.file_kind import file_kind
 from modelsync.core.schedule import MAX_SCHEDULE_BYTES, Schedule, load_schedule
 from modelsync.errors import ScheduleError
 
 
 def read_schedule_bytes(path: Path) -> bytes:
-    """At most one byte more than the limit, so the loader can refuse an oversized file."""
+    """At most one byte more than the limit, so the loader can refuse an oversized file.
+
+    Only a regular file (or a link to one, as a mounted ConfigMap's is) is read:
+    a FIFO would block the reader until someone writes to it (the daemon's whole
+    event loop), a device would never end. It is opened without blocking and
+    checked before any read.
+    """
     try:
-        with path.open("rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket: it cannot be opened at all
+            raise ScheduleError(f"{path}: {_NOT_A_FILE.format(kind='a socket')}") from None
+        raise ScheduleError(f"{path}: cannot read the schedule: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ScheduleError(f"{path}: {_NOT_A_FILE.format(kind=file_kind(mode))}")
+        with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read(MAX_SCHEDULE_BYTES + 1)
     except OSError as exc:
         raise ScheduleError(f"{path}: cannot read the schedule: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+_NOT_A_FILE = "the schedule is {kind}, not a regular file; point --schedule at a YAML file or a ConfigMap key"
 
 
 def parse_schedule_bytes(data: bytes, path: Path) -> Schedule:

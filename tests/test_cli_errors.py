@@ -277,6 +277,10 @@ def _fifo(world: World) -> None:
     os.mkfifo(world.tmp_path / "schedule.fifo")
 
 
+def _big_schedule(world: World) -> None:
+    (world.tmp_path / "big.yaml").write_text("#" * (3 * MiB) + "\n")
+
+
 @dataclass(frozen=True)
 class Mistake:
     """One user mistake: the command line (with placeholders), what it must answer, and its setting."""
@@ -695,6 +699,13 @@ MISTAKES = [
         USAGE,
         ("the schedule is a FIFO, not a regular file",),
         arrange=_fifo,
+    ),
+    Mistake(
+        "plan-schedule-too-large",
+        ("plan", "--schedule", "{tmp}/big.yaml", "--pool", "p", "--offline", "--cache-dir", "{cache}"),
+        USAGE,
+        (f"the schedule is {3 * MiB + 1} bytes, over the limit of {MiB}",),
+        arrange=_big_schedule,
     ),
     Mistake(
         "plan-schedule-is-a-directory",

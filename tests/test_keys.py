@@ -24,7 +24,8 @@ from modelsync.errors import ExitCode, UnsafeKeyError
         ("a\\..\\b", "backslash"),
         ("a\x00b", "NUL"),
         ("a\nb", "control character"),
-        ("x" * 201, "longer than"),
+        ("x" * 201, "a path segment of 201 bytes, over the limit of 200"),
+        ("a/" * 1600 + "b", "3201 bytes long, over the limit of 3000"),
         ("", "empty"),
     ],
 )

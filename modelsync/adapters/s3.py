@@ -30,6 +30,7 @@ from botocore.exceptions import (
 
 from modelsync.adapters.s3_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
 from modelsync.config import Settings, sdk_verify
+from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
@@ -38,6 +39,7 @@ from modelsync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
     ConfigError,
+    ManifestError,
     ModelsyncError,
     NotFoundError,
 )
@@ -102,8 +104,15 @@ class S3:
                 if is_missing_key(exc):
                     return None
                 raise
+            size_bytes = int(resp.get("ContentLength") or 0)
+            if size_bytes > MAX_MANIFEST_BYTES:  # refused by its size, before a byte of it is read
+                resp["Body"].close()
+                raise ManifestError(
+                    f"malformed manifest {ref.uri}{name}: {size_bytes} bytes, over the limit of "
+                    f"{MAX_MANIFEST_BYTES}; republish the model"
+                )
             async with resp["Body"] as body:
-                data: bytes = await body.read()
+                data: bytes = await body.read(MAX_MANIFEST_BYTES + 1)
                 return data
 
         return await self._read(f"reading {ref.uri}{name}", ref.bucket, fetch)

@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 from modelsync.core.file_kind import file_kind
-from modelsync.core.schedule import MAX_SCHEDULE_BYTES, Schedule, load_schedule
+from modelsync.core.schedule import MAX_SCHEDULE_BYTES, Schedule, load_schedule, schedule_too_large
 from modelsync.errors import ScheduleError
 
 
@@ -32,9 +32,11 @@ def read_schedule_bytes(path: Path) -> bytes:
             raise ScheduleError(f"{path}: {_NOT_A_FILE.format(kind='a socket')}") from None
         raise ScheduleError(f"{path}: cannot read the schedule: {exc.strerror or exc}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ScheduleError(f"{path}: {_NOT_A_FILE.format(kind=file_kind(mode))}")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ScheduleError(f"{path}: {_NOT_A_FILE.format(kind=file_kind(st.st_mode))}")
+        if st.st_size > MAX_SCHEDULE_BYTES:  # its real size: the read below stops past the limit
+            raise schedule_too_large(str(path), st.st_size)
         with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read(MAX_SCHEDULE_BYTES + 1)
     except OSError as exc:

@@ -38,7 +38,7 @@ def safe_relative_path(relative_key: str) -> PurePosixPath:
     if relative_key.startswith("/"):
         raise refuse("absolute path")
     if len(relative_key.encode()) > MAX_PATH_BYTES:
-        raise refuse(f"longer than {MAX_PATH_BYTES} bytes")
+        raise refuse(f"{len(relative_key.encode())} bytes long, over the limit of {MAX_PATH_BYTES}")
     segments = relative_key.split("/")
     for segment in segments:
         if segment == "":
@@ -46,5 +46,7 @@ def safe_relative_path(relative_key: str) -> PurePosixPath:
         if segment in _RESERVED_SEGMENTS:
             raise refuse(f"path segment {segment!r}")
         if len(segment.encode()) > MAX_SEGMENT_BYTES:
-            raise refuse(f"a path segment is longer than {MAX_SEGMENT_BYTES} bytes")
+            raise refuse(
+                f"a path segment of {len(segment.encode())} bytes, over the limit of {MAX_SEGMENT_BYTES}"
+            )
     return PurePosixPath(*segments)

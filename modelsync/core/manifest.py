@@ -72,7 +72,7 @@ def parse_manifest(data: bytes, source: str) -> Manifest:
         return ManifestError(f"malformed manifest {source}: {reason}; republish the model")
 
     if len(data) > MAX_MANIFEST_BYTES:
-        raise bad(f"larger than {MAX_MANIFEST_BYTES} bytes")
+        raise bad(f"{len(data)} bytes, over the limit of {MAX_MANIFEST_BYTES}")
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

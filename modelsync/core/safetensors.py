@@ -166,7 +166,9 @@ def check_index(path: str, data: bytes, shards: Mapping[str, Header], files: fro
     directory. `shards` holds the parsed header of every safetensors file, by path.
     """
     if len(data) > MAX_INDEX_BYTES:
-        raise MalformedModelError(f"{path}: larger than {MAX_INDEX_BYTES} bytes")
+        raise MalformedModelError(
+            f"{path}: a shard index of {len(data)} bytes, over the limit of {MAX_INDEX_BYTES}"
+        )
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -57,11 +57,20 @@ __all__ = [
     "Schedule",
     "ScheduledModel",
     "load_schedule",
+    "schedule_too_large",
 ]
 
 SCHEDULE_VERSION = 1
 #: refused before parsing; a thousand models take well under 200 KiB
 MAX_SCHEDULE_BYTES = 1024 * 1024
+
+
+def schedule_too_large(filename: str, size_bytes: int) -> ScheduleError:
+    """The refusal of a schedule of `size_bytes` (the file's whole size, not what was read of it)."""
+    return ScheduleError(
+        f"{filename}:1: the schedule is {size_bytes} bytes, over the limit of "
+        f"{MAX_SCHEDULE_BYTES}; split it or remove unused entries"
+    )
 
 DEFAULT_TIMEZONE = "UTC"
 DEFAULT_LEAD_S = 30 * 60.0
@@ -120,10 +129,7 @@ def load_schedule(text: str, filename: str, known_pools: frozenset[str] | None =
     """
     size_bytes = len(text.encode("utf-8", errors="surrogatepass"))
     if size_bytes > MAX_SCHEDULE_BYTES:
-        raise ScheduleError(
-            f"{filename}:1: the schedule is {size_bytes} bytes, over the limit of "
-            f"{MAX_SCHEDULE_BYTES}; split it or remove unused entries"
-        )
+        raise schedule_too_large(filename, size_bytes)
     try:
         # the reader refuses non-printable characters while it is constructed
         loader = BoundedLoader(text, filename)

@@ -33,8 +33,12 @@ def scrub(root: Path, files: Iterable[tuple[str, int]]) -> list[Problem]:
             except UnreadableFileError as exc:
                 problems.append(Problem(path, str(exc)))
         for path in sorted(p for p in listed if p.rpartition("/")[2] == safetensors.INDEX_NAME):
+            if listed[path] > safetensors.MAX_INDEX_BYTES:  # not read: its size is the problem
+                size, limit = listed[path], safetensors.MAX_INDEX_BYTES
+                problems.append(Problem(path, f"a shard index of {size} bytes, over the limit of {limit}"))
+                continue
             try:
-                data = model.read(path, 0, min(listed[path], safetensors.MAX_INDEX_BYTES + 1))
+                data = model.read(path, 0, listed[path])
                 safetensors.check_index(path, data, headers, frozenset(listed))
             except MalformedModelError as exc:
                 problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))

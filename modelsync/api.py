@@ -133,7 +133,7 @@ async def serve(path: Path, handler: Handler) -> asyncio.Server:
         if _answers(path):
             raise UsageError(f"a daemon already serves {path}; stop it first")
         path.unlink()
-    guard = _Guard(Admission(), LogThrottle())
+    guard = _Guard(Admission(), LogThrottle(), set())
     asyncio.get_running_loop().set_exception_handler(_AcceptFailures(LogThrottle(every_s=1.0)))
     try:
         with _address(path) as address:
@@ -150,6 +150,28 @@ async def serve(path: Path, handler: Handler) -> asyncio.Server:
 class _Guard:
     admission: Admission
     refusals: LogThrottle
+    #: uids whose quiet refusals a timer will report
+    flushing: set[int | None]
+
+    def refused(self, uid: int | None, refusal: str) -> None:
+        """Log a refusal now, or count it for a line that a timer writes once one is due."""
+        now = time.monotonic()
+        refused = self.refusals.due(uid, now)
+        self._log(uid, refusal, refused)
+        if not refused and uid not in self.flushing:
+            self.flushing.add(uid)
+            delay_s = self.refusals.quiet_s(uid, now)
+            asyncio.get_running_loop().call_later(delay_s, self._flush, uid, refusal)
+
+    def _flush(self, uid: int | None, refusal: str) -> None:
+        self.flushing.discard(uid)
+        self._log(uid, refusal, self.refusals.flush(uid, time.monotonic()))
+
+    @staticmethod
+    def _log(uid: int | None, refusal: str, refused: int) -> None:
+        if refused:
+            extra = {"code": DaemonBusyError.code, "uid": uid, "refused": refused}
+            log.warning("refused %d connection(s): %s", refused, refusal, extra=extra)
 
 
 async def _connection(
@@ -159,10 +181,7 @@ async def _connection(
     refusal = guard.admission.admit(uid)
     try:
         if refusal is not None:
-            refused = guard.refusals.due(uid, time.monotonic())
-            if refused:
-                extra = {"code": DaemonBusyError.code, "uid": uid, "refused": refused}
-                log.warning("refused %d connection(s): %s", refused, refusal, extra=extra)
+            guard.refused(uid, refusal)
             reply: Message | None = {"ok": False, **error_reply(DaemonBusyError(refusal))}
         else:
             reply = await _answer(handler, reader)

@@ -81,12 +81,23 @@ class LogThrottle:
     _unlogged: Counter[object] = field(default_factory=Counter)
 
     def due(self, kind: object, now: float) -> int:
-        """Count one event of `kind`; how many to report now (this one included), or 0 to stay quiet."""
+        """Count one event of `kind`; how many to report now (this one included), or 0 to stay quiet.
+
+        Quiet events are reported by the first call due later, or by `flush` once `quiet_s` has passed.
+        """
         self._unlogged[kind] += 1
-        if now < self._next_at.get(kind, now):
+        return self.flush(kind, now)
+
+    def flush(self, kind: object, now: float) -> int:
+        """The events of `kind` not reported yet, when a line is due; else 0."""
+        if not self._unlogged[kind] or now < self._next_at.get(kind, now):
             return 0
         self._next_at[kind] = now + self.every_s
         return self._unlogged.pop(kind)
+
+    def quiet_s(self, kind: object, now: float) -> float:
+        """Seconds until a line about `kind` is due again."""
+        return max(0.0, self._next_at.get(kind, now) - now)
 
 
 def shape_error(line: bytes) -> str | None:

@@ -5,7 +5,8 @@ directory, an unfinished delete) and signalled once it is provably busy: a
 store that holds its answer through the fault proxy, or a child whose hashing
 or deleting is slowed (tests/support/cli.py, SLOWED). It must exit 130 for
 SIGINT and 143 for SIGTERM with the one `error: interrupted ...` line and no
-traceback, and running the same command again must succeed.
+traceback, and running the same command again must succeed. A `prefetch` that
+waits on the daemon's pull is signalled the same way, with a real daemon.
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ from pathlib import Path
 import pytest
 from botocore.client import BaseClient
 from support.cli import MODELSYNC, SLOWED, run_cli, write_model
+from support.daemon import Daemon, schedule_text
 from support.faultproxy import FaultProxy
+from support.objects import payload, upload
 from support.s3env import S3Env
+from support.waiting import wait_for
 
 from modelsync.core.refs import parse_source
 
 pytestmark = pytest.mark.timeout(120)
 
 KiB = 1024
+MiB = 1024 * KiB
 PREFIX = "org/model/rev1/"
 #: files of the ready model: each above the size digest.py reads in one go, so it is hashed
 #: through a memory map, the path SIGINT used to break with a BufferError
@@ -37,6 +42,10 @@ FILES = 12
 FILE_BYTES = 300 * KiB
 #: how long the command may take to stop once signalled
 STOP_WITHIN_S = 10.0
+#: each signal and the code it must exit with
+EACH_SIGNAL = pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +203,7 @@ def _wait(condition: Callable[[], bool], process: subprocess.Popen[str], timeout
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize(
-    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"]
-)
+@EACH_SIGNAL
 @pytest.mark.parametrize("stop", STOPS, ids=[s.id for s in STOPS])
 def test_a_busy_command_stops_on_a_signal_with_one_line_and_its_code_and_a_rerun_succeeds(
     stop: Stop,
@@ -242,3 +249,36 @@ def test_a_busy_command_stops_on_a_signal_with_one_line_and_its_code_and_a_rerun
     assert rerun.returncode == 0, rerun.stderr
     assert "Traceback" not in rerun.stderr
     stop.done(bench, rerun)
+
+
+@EACH_SIGNAL
+def test_a_prefetch_waiting_on_the_daemon_stops_on_a_signal_and_a_rerun_gets_the_path(
+    signum: int, code: int, tmp_path: Path, s3_env: S3Env, start_daemon: Callable[..., Daemon]
+) -> None:
+    """The daemon goes on with the model; the rerun waits for it again and prints its path."""
+    ref = upload(s3_env, "models", "org/slow/r1/", {"weights.bin": payload(6 * MiB, 7)})
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(schedule_text([]))
+    env = s3_env.subprocess_env()
+    daemon = start_daemon(schedule, env, "--allow", "s3://models/org/", "--max-bandwidth", "1Mi/s")
+    argv = ("prefetch", ref.uri, "--cache-dir", str(daemon.cache))
+    process = subprocess.Popen(
+        [*MODELSYNC, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) > 0, what="the daemon's pull")
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=STOP_WITHIN_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+    name = signal.Signals(signum).name
+    assert (process.returncode, err.strip().splitlines()) == (
+        code,
+        [f"error: interrupted by {name}; completed work is kept, run the command again to resume"],
+    )
+    rerun = run_cli(env, *argv)
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.strip() == str(daemon.cache / ref.cache_path)

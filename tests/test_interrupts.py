@@ -203,6 +203,23 @@ def _wait(condition: Callable[[], bool], process: subprocess.Popen[str], timeout
         time.sleep(0.02)
 
 
+def assert_stops_on(process: subprocess.Popen[str], signum: int, code: int, once: Callable[[], None]) -> None:
+    """Signal `process` once `once()` returns: it must exit with `code` and the one interrupt line."""
+    try:
+        once()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=STOP_WITHIN_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    name = signal.Signals(signum).name
+    assert (process.returncode, err.strip().splitlines()) == (
+        code,
+        [f"error: interrupted by {name}; completed work is kept, run the command again to resume"],
+    )
+
+
 @EACH_SIGNAL
 @pytest.mark.parametrize("stop", STOPS, ids=[s.id for s in STOPS])
 def test_a_busy_command_stops_on_a_signal_with_one_line_and_its_code_and_a_rerun_succeeds(
@@ -229,21 +246,12 @@ def test_a_busy_command_stops_on_a_signal_with_one_line_and_its_code_and_a_rerun
     argv = tuple(a.format(cache=bench.cache, tmp=bench.tmp, source=bench.source) for a in stop.argv)
     env = bench.proxied_env if stop.proxied else bench.env
     process = _start(bench, argv, stop.slow, env)
-    try:
+
+    def busy() -> None:
         _wait(lambda: stop.busy(bench), process)
         time.sleep(0.2)  # well inside the work, past its first step
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=STOP_WITHIN_S)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
 
-    name = signal.Signals(signum).name
-    assert (process.returncode, err.strip().splitlines()) == (
-        code,
-        [f"error: interrupted by {name}; completed work is kept, run the command again to resume"],
-    )
+    assert_stops_on(process, signum, code, once=busy)
     fault_proxy.clear()
     rerun = run_cli(env, *argv)
     assert rerun.returncode == 0, rerun.stderr
@@ -265,19 +273,9 @@ def test_a_prefetch_waiting_on_the_daemon_stops_on_a_signal_and_a_rerun_gets_the
     process = subprocess.Popen(
         [*MODELSYNC, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    try:
-        wait_for(lambda: (daemon.metric("modelsync_fetched_bytes_total") or 0) > 0, what="the daemon's pull")
-        process.send_signal(signum)
-        _, err = process.communicate(timeout=STOP_WITHIN_S)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-    name = signal.Signals(signum).name
-    assert (process.returncode, err.strip().splitlines()) == (
-        code,
-        [f"error: interrupted by {name}; completed work is kept, run the command again to resume"],
+    fetched = "modelsync_fetched_bytes_total"
+    assert_stops_on(
+        process, signum, code, once=lambda: wait_for(lambda: (daemon.metric(fetched) or 0) > 0, "its pull")
     )
     rerun = run_cli(env, *argv)
     assert rerun.returncode == 0, rerun.stderr

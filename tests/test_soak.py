@@ -236,6 +236,7 @@ def test_concurrent_pullers_and_a_daemon_through_a_faulty_store_never_serve_a_wr
         "MODELSYNC_READ_TIMEOUT": "3",
         "MODELSYNC_BACKOFF_FLOOR": "0.2",
         "MODELSYNC_RETRY_BUDGET": "90s",
+        "MODELSYNC_ROOM_WAIT": "60s",
     }
     schedule = tmp_path / "schedule.yaml"
     schedule.write_text(schedule_text([("m0", uris[0], "always"), ("m1", uris[1], "always")]))

@@ -9,45 +9,24 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.entries import GRACE_S, NOW, entry
 
-from modelsync.core.eviction import Blob, CacheEntry, plan_eviction
+from modelsync.core.eviction import CacheEntry, plan_eviction
 from modelsync.core.lifecycle import CacheState
 from modelsync.core.room import forecast_room
 
-NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-GRACE_S = 600.0
 PULLING = CacheState.PULLING
-
-
-def entry(
-    model: str,
-    idle_s: float,
-    inode: int,
-    size: int = 10,
-    *,
-    pinned: bool = False,
-    state: CacheState = CacheState.READY,
-    lease_s: float | None = None,
-) -> CacheEntry:
-    return CacheEntry(
-        model=model,
-        last_used_at=NOW - idle_s,
-        pinned=pinned,
-        state=state,
-        in_use_until=None if lease_s is None else NOW + lease_s,
-        blobs=frozenset({Blob((1, inode), size)}),
-    )
 
 
 @pytest.mark.parametrize(
     ("entries", "needed", "protected", "at", "waits_for"),
     [
-        pytest.param([entry("a", 3600, 1)], 10, {}, NOW, [], id="fits now: no wait"),
+        pytest.param([entry("a", 3600, (1, 10))], 10, {}, NOW, [], id="fits now: no wait"),
         pytest.param(
-            [entry("a", 3, 1)], 10, {}, NOW + GRACE_S - 3, ["a"], id="used 3s ago: when its grace ends"
+            [entry("a", 3, (1, 10))], 10, {}, NOW + GRACE_S - 3, ["a"], id="used 3s ago: when its grace ends"
         ),
         pytest.param(
-            [entry("a", 3, 1), entry("b", 500, 2)],
+            [entry("a", 3, (1, 10)), entry("b", 500, (2, 10))],
             10,
             {},
             NOW + GRACE_S - 500,
@@ -55,7 +34,7 @@ def entry(
             id="the first grace to end is enough",
         ),
         pytest.param(
-            [entry("a", 3, 1), entry("b", 500, 2)],
+            [entry("a", 3, (1, 10)), entry("b", 500, (2, 10))],
             20,
             {},
             NOW + GRACE_S - 3,
@@ -63,10 +42,15 @@ def entry(
             id="needs both: when the later grace ends",
         ),
         pytest.param(
-            [entry("a", 3600, 1, lease_s=7200)], 10, {}, NOW + 7200, ["a"], id="a lease: when it runs out"
+            [entry("a", 3600, (1, 10), lease_s=7200)],
+            10,
+            {},
+            NOW + 7200,
+            ["a"],
+            id="a lease: when it runs out",
         ),
         pytest.param(
-            [entry("a", 3, 1, lease_s=60)],
+            [entry("a", 3, (1, 10), lease_s=60)],
             10,
             {},
             NOW + GRACE_S - 3,
@@ -74,16 +58,16 @@ def entry(
             id="a lease shorter than the grace: the grace decides",
         ),
         pytest.param(
-            [entry("a", 3600, 1, state=PULLING)],
+            [entry("a", 3600, (1, 10), state=PULLING)],
             10,
             {},
             NOW + GRACE_S,
             ["a"],
             id="a running pull: ready at the earliest now, then in use for one grace",
         ),
-        pytest.param([entry("a", 3, 1, pinned=True)], 10, {}, None, [], id="pinned: never"),
+        pytest.param([entry("a", 3, (1, 10), pinned=True)], 10, {}, None, [], id="pinned: never"),
         pytest.param(
-            [entry("a", 3, 1)],
+            [entry("a", 3, (1, 10))],
             10,
             {"a": "the schedule needs it"},
             None,
@@ -91,16 +75,16 @@ def entry(
             id="protected by the caller: never",
         ),
         pytest.param(
-            [entry("a", 3, 1), entry("b", 3600, 2, pinned=True)],
+            [entry("a", 3, (1, 10)), entry("b", 3600, (2, 10), pinned=True)],
             20,
             {},
             None,
             [],
             id="in use and pinned: never",
         ),
-        pytest.param([entry("a", 3, 1)], 11, {}, None, [], id="more than the whole cache: never"),
+        pytest.param([entry("a", 3, (1, 10))], 11, {}, None, [], id="more than the whole cache: never"),
         pytest.param(
-            [entry("a", 3, 1, state=PULLING)],
+            [entry("a", 3, (1, 10), state=PULLING)],
             10,
             {"a": "being pulled"},
             None,
@@ -126,7 +110,9 @@ def test_a_forecast_is_the_first_instant_a_protection_ends_that_makes_enough_roo
 
 
 def test_a_forecast_names_what_it_waits_for_with_the_reason() -> None:
-    forecast = forecast_room([entry("org/a", 3, 1), entry("org/b", 0, 2, state=PULLING)], 20, NOW, 10, {})
+    forecast = forecast_room(
+        [entry("org/a", 3, (1, 10)), entry("org/b", 0, (2, 10), state=PULLING)], 20, NOW, 10, {}
+    )
 
     assert forecast.at == pytest.approx(NOW + 10, abs=0.01)
     assert forecast.describe() == "org/a (in use: used 3s ago, grace 10s), org/b (pulling)"
@@ -134,11 +120,10 @@ def test_a_forecast_names_what_it_waits_for_with_the_reason() -> None:
 
 entries_strategy = st.lists(
     st.builds(
-        entry,
+        lambda model, idle_s, inode, **kw: entry(model, idle_s, (inode, 10), **kw),
         model=st.sampled_from("abcdefgh"),
         idle_s=st.floats(0, 2 * GRACE_S),
         inode=st.integers(1, 6),
-        size=st.just(10),
         pinned=st.booleans(),
         state=st.sampled_from([CacheState.READY, PULLING]),
         lease_s=st.none() | st.floats(-100, 3 * GRACE_S),

@@ -42,6 +42,16 @@ def pull(env: dict[str, str], cache: Path, ref: ModelRef, *extra: str) -> subpro
     return run_cli(env, "pull", ref.uri, "--quiet", *extra, cache_dir=cache)
 
 
+def first_pulled(
+    tmp_path: Path, child_env: dict[str, str], first: ModelRef, grace: str
+) -> tuple[dict[str, str], Path]:
+    """The environment (the budget, the grace) and the cache, once the first model is pulled."""
+    cache = tmp_path / "cache"
+    env = {**child_env, **BUDGET, "MODELSYNC_IN_USE_GRACE": grace}
+    assert pull(env, cache, first).returncode == 0
+    return env, cache
+
+
 def notes(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("note: ")]
 
@@ -50,10 +60,8 @@ def test_a_pull_that_fits_once_a_model_is_no_longer_in_use_waits_for_it_says_so_
     tmp_path: Path, child_env: dict[str, str], models: tuple[ModelRef, ModelRef]
 ) -> None:
     first, second = models
-    cache = tmp_path / "cache"
     # A grace long enough that the second pull reaches its claim within it, even on a busy machine.
-    env = {**child_env, **BUDGET, "MODELSYNC_IN_USE_GRACE": "12s"}
-    assert pull(env, cache, first).returncode == 0
+    env, cache = first_pulled(tmp_path, child_env, first, "12s")
 
     result = pull(env, cache, second)
 
@@ -70,9 +78,7 @@ def test_a_pull_whose_room_comes_only_after_its_wait_fails_at_once_saying_when(
     tmp_path: Path, child_env: dict[str, str], models: tuple[ModelRef, ModelRef]
 ) -> None:
     first, second = models
-    cache = tmp_path / "cache"
-    env = {**child_env, **BUDGET, "MODELSYNC_IN_USE_GRACE": "1h"}
-    assert pull(env, cache, first).returncode == 0
+    env, cache = first_pulled(tmp_path, child_env, first, "1h")
 
     # Were either to wait, the test would time out: the wait is minutes.
     result = pull(env, cache, second, "--room-wait", "5m")
@@ -91,9 +97,7 @@ def test_a_pull_that_cannot_fit_even_once_models_are_done_fails_at_once(
     tmp_path: Path, child_env: dict[str, str], models: tuple[ModelRef, ModelRef]
 ) -> None:
     first, second = models
-    cache = tmp_path / "cache"
-    env = {**child_env, **BUDGET, "MODELSYNC_IN_USE_GRACE": "3s"}
-    assert pull(env, cache, first).returncode == 0
+    env, cache = first_pulled(tmp_path, child_env, first, "3s")
     assert run_cli(env, "pin", first.model_id, cache_dir=cache).returncode == 0
 
     result = pull(env, cache, second)  # it waits for nothing: the test would time out
@@ -141,9 +145,7 @@ def test_a_signal_ends_the_wait_for_room_within_a_second(
     models: tuple[ModelRef, ModelRef],
 ) -> None:
     first, second = models
-    cache = tmp_path / "cache"
-    env = {**child_env, **BUDGET, "MODELSYNC_IN_USE_GRACE": "5m"}
-    assert pull(env, cache, first).returncode == 0
+    env, cache = first_pulled(tmp_path, child_env, first, "5m")
     waiting = subprocess.Popen(
         [*MODELSYNC, "pull", second.uri, "--cache-dir", str(cache)],
         env=env,

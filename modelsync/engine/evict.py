@@ -83,29 +83,22 @@ def budget_bytes(settings: Settings) -> int | None:
 
 
 async def wait_for_room(
-    settings: Settings,
-    cache: Cache,
-    catalog: Catalog,
-    ref: ModelRef,
-    needed_bytes: int,
-    protected: Mapping[str, str],
-    note: Callable[[str], None],
+    claim: Callable[..., EvictionResult | RoomLater], room_wait_s: float, note: Callable[[str], None]
 ) -> EvictionResult:
-    """`make_room`, waiting up to `settings.room_wait_s` when room is coming; says once what for.
+    """Call `claim` (`make_room` for one pull) until it reserves, waiting up to `room_wait_s`
+    while room is coming; says once what for.
 
     The wait is a sleep on the event loop, outside the space lock, so a signal or a
     cancelled pull ends it at once.
     """
-    until = time.time() + settings.room_wait_s
+    until = time.time() + room_wait_s
     waited = False
     while True:
-        room = await asyncio.to_thread(
-            make_room, settings, cache, catalog, ref, needed_bytes, protected, wait_until=until, waited=waited
-        )
+        room = await asyncio.to_thread(claim, wait_until=until, waited=waited)
         if isinstance(room, EvictionResult):
             return room
         if not waited:
-            note(f"no room yet: waiting up to {format_duration(settings.room_wait_s)} for {room.waiting_for}")
+            note(f"no room yet: waiting up to {format_duration(room_wait_s)} for {room.waiting_for}")
             waited = True
         await asyncio.sleep(min(max(room.at - time.time(), 0.1), ROOM_POLL_S))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -54,7 +55,7 @@ from modelsync.core.verify import (
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.dedup import link_copies
 from modelsync.engine.events import PullEvents
-from modelsync.engine.evict import wait_for_room
+from modelsync.engine.evict import make_room, wait_for_room
 from modelsync.engine.fetch import FetchWindow, leave_signals_to_the_main_thread
 from modelsync.engine.holder_note import ProgressNote
 from modelsync.engine.ports import Backends, OpenBackends
@@ -225,10 +226,11 @@ class _Puller:
             for w in plan.files
             if w.file.path not in state.files and w.file.path not in linked
         )
+        claim = functools.partial(
+            make_room, self.settings, self.cache, self.catalog, self.ref, needed, self.protected
+        )
         try:
-            room = await wait_for_room(
-                self.settings, self.cache, self.catalog, self.ref, needed, self.protected, self.events.note
-            )
+            room = await wait_for_room(claim, self.settings.room_wait_s, self.events.note)
         except DiskFullError:
             if not resume:
                 self.staging.discard()

@@ -130,6 +130,9 @@ class Settings:
     #: s3:// prefixes whose sources the daemon serves besides the schedule's (comma-separated in the
     #: environment); each is checked where the daemon starts
     allowed_prefixes: tuple[str, ...] = field(default=(), metadata={"env": "MODELSYNC_ALLOWED_PREFIXES"})
+    #: seconds a pull that does not fit now waits for models in use, leased or being pulled to
+    #: become evictable, when that is forecast to make room; 0 fails at once, at most a day
+    room_wait_s: float = field(default=600.0, metadata={"env": "MODELSYNC_ROOM_WAIT"})
 
     def retry_policy(self) -> RetryPolicy:
         """The retry schedule both planes follow (budget, attempts, floor)."""
@@ -252,6 +255,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "pool": str,
     "node_name": str,
     "allowed_prefixes": lambda t: parse_string_list(t if t.lstrip().startswith("[") else t.replace(" ", ",")),
+    "room_wait_s": bounded_duration(0, DAY_S),  # a day covers any lease worth waiting out
 }
 
 #: what the commands that only read or manage the cache use: a bad value of any other

@@ -79,6 +79,8 @@ class StderrProgress:
         self._total = 0
         self._missing = 0
         self._done = 0
+        #: bytes fetched a second time: shown apart, so the bar never passes 100%
+        self._again = 0
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +104,12 @@ class StderrProgress:
         with self._lock:
             self._done += n_bytes
 
+    def refetching(self, n_bytes: int) -> None:
+        with self._lock:
+            moved = min(n_bytes, self._done)
+            self._done -= moved
+            self._again += moved
+
     def verifying(self, path: str) -> None:
         pass
 
@@ -122,12 +130,13 @@ class StderrProgress:
         self._thread.join()
         self._thread = None
         with self._lock:
-            done, missing = self._done, self._missing
+            done, missing, again = self._done, self._missing, self._again
             elapsed_s = time.monotonic() - self._started
         if self.tty:
             self._render(final=True)
         else:
-            print(f"{self.label}: {status(done, missing, elapsed_s)} in {took(elapsed_s)}", file=self.stream)
+            text = status(done, missing, elapsed_s, again)
+            print(f"{self.label}: {text} in {took(elapsed_s)}", file=self.stream)
 
     def _say(self, rest: str) -> None:
         """A one-off line about the model; on a terminal its name is shortened to keep it on one row."""
@@ -145,9 +154,9 @@ class StderrProgress:
 
     def _render(self, final: bool) -> None:
         with self._lock:
-            done, missing = self._done, self._missing
+            done, missing, again = self._done, self._missing, self._again
             elapsed_s = time.monotonic() - self._started
-        text = status(done, missing, elapsed_s)
+        text = status(done, missing, elapsed_s, again)
         if self.tty:
             fraction = done / missing if missing else 1.0
             line = bar_line(self.label, fraction, text, self._columns())

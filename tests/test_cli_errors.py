@@ -254,6 +254,14 @@ def _faulty(kind: str) -> Callable[[World], None]:
     return arrange
 
 
+def _flipped_differently(world: World) -> None:
+    """Every fetch of weights.bin (two parts) gets other bits flipped: the way, not the store."""
+    assert world.client is not None and world.fault_proxy is not None
+    world.client.put_object(Bucket=world.bucket, Key=PREFIX + "weights.bin", Body=os.urandom(MiB + 1))
+    for offset in range(10, 16):
+        world.fault_proxy.add_fault("bitflip", match="weights.bin", arg=offset)
+
+
 def _empty_cache(world: World) -> None:
     Cache(world.cache).ensure()
 
@@ -805,10 +813,27 @@ MISTAKES = [
         "corrupt-on-every-fetch",
         ("pull", SRC, "--cache-dir", "{cache}", "--part-size", "1Mi", "-q"),
         INTEGRITY,
-        ("checksum mismatch", "weights.bin"),
+        ("weights.bin", "the store served the same wrong bytes in 2 fetches", "republish the model"),
         arrange=_faulty("bitflip"),
         s3="proxy",
         known_leftovers=RESUMABLE,
+    ),
+    Mistake(
+        "corrupt-differently-on-every-fetch",
+        ("pull", SRC, "--cache-dir", "{cache}", "--part-size", "1Mi", "-q"),
+        INTEGRITY,
+        ("weights.bin", "3 fetches each brought different wrong bytes", "not in the store"),
+        arrange=_flipped_differently,
+        s3="proxy",
+        known_leftovers=RESUMABLE,
+    ),
+    Mistake("room-wait-over-a-day", (*PULL, "--room-wait", "2d"), USAGE, ("--room-wait", "to 1d")),
+    Mistake(
+        "room-wait-variable",
+        PULL,
+        USAGE,
+        ("MODELSYNC_ROOM_WAIT", "'forever'"),
+        env={"MODELSYNC_ROOM_WAIT": "forever"},
     ),
     Mistake(
         "disk-full",

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.entries import GRACE_S, NOW, entry
 
 from modelsync.core.eviction import (
     Blob,
@@ -27,29 +28,8 @@ from modelsync.core.eviction import (
 from modelsync.core.lifecycle import CacheState
 from modelsync.errors import NotFoundError, UsageError
 
-NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-GRACE_S = 600.0
 HOUR = 3600.0
 READY, PULLING, QUARANTINED = CacheState.READY, CacheState.PULLING, CacheState.QUARANTINED
-
-
-def entry(
-    model: str,
-    idle_s: float,
-    *blobs: tuple[int, int],
-    pinned: bool = False,
-    state: CacheState = READY,
-    lease_s: float | None = None,
-) -> CacheEntry:
-    """An entry last used `idle_s` ago, holding blobs given as (inode, size)."""
-    return CacheEntry(
-        model=model,
-        last_used_at=NOW - idle_s,
-        pinned=pinned,
-        state=state,
-        in_use_until=None if lease_s is None else NOW + lease_s,
-        blobs=frozenset(Blob((1, inode), size) for inode, size in blobs),
-    )
 
 
 # Three day-old models of 10 bytes each, a oldest.

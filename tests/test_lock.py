@@ -7,7 +7,7 @@ from pathlib import Path
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
 from modelsync.engine.events import NoEvents
-from modelsync.engine.pull import ProgressNote
+from modelsync.engine.holder_note import ProgressNote
 
 REF = parse_source("s3://models/org/m/1/")
 

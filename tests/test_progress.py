@@ -25,6 +25,7 @@ import pytest
 from botocore.client import BaseClient
 from hypothesis import given
 from hypothesis import strategies as st
+from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 
 from modelsync.engine.background import PROGRESS_LOG_S, PullLog
@@ -200,3 +201,40 @@ def test_a_pull_on_an_80_column_terminal_never_wraps_the_progress_line(
     assert all(len(row) <= 79 for row in visible_rows(output)), output
     assert "..." in bars[-1] and "100.0%" in bars[-1]
     print(f"last progress row at 80 columns: {bars[-1]!r}")
+
+
+# ---- bytes fetched again ------------------------------------------------------------------
+
+
+def test_bytes_fetched_again_are_shown_apart_and_the_line_never_passes_100_percent() -> None:
+    out = io.StringIO()
+    progress = StderrProgress("org/m", stream=out, interval_s=60)
+    progress.planned(files=1, total_bytes=32 * MiB, missing_bytes=32 * MiB)
+    progress.fetched(32 * MiB)
+    progress.refetching(32 * MiB)  # the file failed its check: all of it comes again
+    progress.fetched(32 * MiB)
+    progress.close()
+
+    last = out.getvalue().splitlines()[-1]
+    pattern = r"org/m: 32\.0 MiB/32\.0 MiB 100\.0% \(\+32\.0 MiB again\) \S+ \S+/s in \S+"
+    assert re.fullmatch(pattern, last), last
+    assert status(61 * MiB, 32 * MiB, 1.0).startswith("32.0 MiB/32.0 MiB 100.0% (+29.0 MiB again)")
+
+
+def test_a_cli_pull_whose_file_is_fetched_again_ends_at_100_percent_saying_what_came_again(
+    tmp_path: Path, proxied_s3_env: S3Env, fault_proxy: FaultProxy, s3_client: BaseClient, bucket: str
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="org/m/weights.bin", Body=os.urandom(2 * MiB))
+    fault_proxy.add_fault("bitflip", match="weights.bin", arg=100)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "modelsync", "pull", f"s3://{bucket}/org/m/", "--part-size", "1Mi",
+         "--cache-dir", str(tmp_path / "cache")],
+        env=proxied_s3_env.subprocess_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert "2.0 MiB/2.0 MiB 100.0% (+2.0 MiB again)" in last, result.stderr
+    over_100 = re.search(r"\b(1[0-9][0-9]|[2-9][0-9][0-9])\.\d%", result.stderr.replace("100.0%", ""))
+    assert over_100 is None, result.stderr

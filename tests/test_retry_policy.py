@@ -189,6 +189,18 @@ def test_the_rate_recovers_gradually_then_stops_pacing() -> None:
     assert gate.reserve(12.0) == 0.0
 
 
+def test_a_success_long_after_the_last_throttle_stops_pacing_instead_of_overflowing() -> None:
+    """Found by the soak: a daemon's gate throttled once, then a success an hour later raised
+    OverflowError (2 ** 3600) and failed the pull as a bug."""
+    gate = SendGate(min_rate_per_s=1.0, doubling_s=1.0)
+    gate.throttled(0.0)
+
+    gate.succeeded(3600.0)
+
+    assert gate.rate_per_s is None
+    assert gate.reserve(3600.0) == 0.0
+
+
 def test_retry_after_holds_every_start_until_it_passed() -> None:
     gate = SendGate()
     gate.throttled(5.0, retry_after_s=3.0)

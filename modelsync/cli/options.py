@@ -119,6 +119,19 @@ Quiet = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+RoomWait = Annotated[
+    str | None,
+    typer.Option(
+        "--room-wait",
+        metavar="DURATION",
+        help=_setting(
+            "room_wait_s",
+            "How long a pull that does not fit yet waits for models in use or being pulled "
+            "to make room; 0 fails at once, at most 1d.",
+            "10m",
+        ),
+    ),
+]
 
 
 def plural(count: int, noun: str) -> str:
@@ -148,6 +161,7 @@ class SettingFlags:
     pool: str | None = None
     #: --allow: s3:// prefixes the daemon also serves
     allow: tuple[str, ...] = ()
+    room_wait: str | None = None
 
 
 def build_settings(flags: SettingFlags, *, needed: Collection[str] | None = None) -> Settings:
@@ -169,6 +183,7 @@ def build_settings(flags: SettingFlags, *, needed: Collection[str] | None = None
         "insecure": True if flags.insecure else None,
         "pool": flags.pool,
         "allowed_prefixes": flags.allow or None,
+        "room_wait_s": _flag("room_wait_s", "--room-wait", flags.room_wait),
     }
     settings = load_settings(given, env, config_file_from(flags.config, env), needed)
     if settings.insecure:

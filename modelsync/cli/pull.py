@@ -22,6 +22,7 @@ from modelsync.cli.options import (
     PartSize,
     Quiet,
     Region,
+    RoomWait,
     SettingFlags,
     build_settings,
 )
@@ -56,6 +57,7 @@ def pull(
             help="Hold the model in use this long (e.g. 8h): making room skips it. [default: none]",
         ),
     ] = None,
+    room_wait: RoomWait = None,
     quiet: Quiet = False,
 ) -> None:
     """Make a model ready in the cache and print its path (last line of stdout).
@@ -75,6 +77,7 @@ def pull(
             part_size=part_size,
             max_bandwidth=max_bandwidth,
             insecure=insecure,
+            room_wait=room_wait,
         )
     )
     rules = pull_rules(settings, ref, lease_s=lease_s)

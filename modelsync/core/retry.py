@@ -23,6 +23,7 @@ from __future__ import annotations
 import calendar
 import collections
 import functools
+import math
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -319,9 +320,13 @@ class SendGate:
             return
         elapsed = max(0.0, now - self._last_raise)
         self._last_raise = now
-        self.rate_per_s *= 2.0 ** (elapsed / self._doubling_s)
-        if self.rate_per_s >= self._free_rate:
+        doublings = elapsed / self._doubling_s
+        # Compared as exponents: after a long quiet spell (a daemon idle for half an hour after
+        # one 503) 2 ** doublings is past any float, and the multiplication would overflow.
+        if doublings >= math.log2(self._free_rate / self.rate_per_s):
             self.rate_per_s = None
+            return
+        self.rate_per_s *= 2.0 ** doublings
 
     def measured_rate_per_s(self, now: float) -> float:
         """Requests started over the last `window_s`, per second."""

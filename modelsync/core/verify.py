@@ -82,10 +82,35 @@ def empty_but_etag_says_not(f: RemoteFile) -> bool:
 
 
 def _mismatch(f: RemoteFile, detail: str) -> ChecksumMismatchError:
-    return ChecksumMismatchError(
-        f"checksum mismatch for {f.key} ({detail}) after a re-fetch; the stored object or "
-        "its manifest is corrupt, republish it"
-    )
+    return ChecksumMismatchError(f"checksum mismatch for {f.key} ({detail})")
+
+
+#: fetches of one file whose bytes fail their check before a pull gives up on it
+CORRUPT_FETCHES = 3
+
+
+def after_corrupt_fetch(error: ChecksumMismatchError, digests: Sequence[str]) -> ChecksumMismatchError | None:
+    """After a fetch of a file failed its check: None to fetch it again, else the error to stop with.
+
+    `digests` are the xxh3-128 of each failed fetch so far, in order. The same
+    wrong bytes twice are what the store holds: its object (or the manifest that
+    vouches for it) is wrong, and only republishing mends it. Wrong bytes that
+    differ every time were damaged on the way (a network path, a proxy, a NIC);
+    the store may well be fine, and republishing would not help.
+    """
+    fetches = len(digests)
+    if fetches >= 2 and digests[-1] in digests[:-1]:
+        return ChecksumMismatchError(
+            f"{error}: the store served the same wrong bytes in {fetches} fetches, so its object "
+            "or the manifest is wrong; republish the model"
+        )
+    if fetches >= CORRUPT_FETCHES:
+        return ChecksumMismatchError(
+            f"{error}: {fetches} fetches each brought different wrong bytes, so they were damaged "
+            "on the way (network, proxy, NIC), not in the store; check the path to the store and "
+            "run the pull again"
+        )
+    return None
 
 
 def unchanged(record: CompletionRecord, files: Sequence[RemoteFile]) -> bool:

@@ -69,6 +69,7 @@ class PullLog:
         self._lock = threading.Lock()
         self._missing = 0
         self._done = 0
+        self._again = 0
         self._started = clock()
         self._next_log = math.inf
 
@@ -99,13 +100,19 @@ class PullLog:
             if now < self._next_log:
                 return
             self._next_log = now + PROGRESS_LOG_S
-            done, missing, elapsed_s = self._done, self._missing, now - self._started
+            done, missing, elapsed_s, again = self._done, self._missing, now - self._started, self._again
         log.info(
             "pulling %s: %s",
             self._label,
-            status(done, missing, elapsed_s),
+            status(done, missing, elapsed_s, again),
             extra={"model": self._label, "fetched_bytes": done, "missing_bytes": missing},
         )
+
+    def refetching(self, n_bytes: int) -> None:
+        with self._lock:
+            moved = min(n_bytes, self._done)
+            self._done -= moved
+            self._again += moved
 
     def verifying(self, path: str) -> None:
         pass

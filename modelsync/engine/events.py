@@ -31,6 +31,9 @@ class PullEvents(Protocol):
     def damaged(self, path: str, reason: str) -> None:
         """A file of the ready model is damaged: the model leaves the ready set, the file is fetched again."""
 
+    def refetching(self, n_bytes: int) -> None:
+        """`n_bytes` already reported as fetched are fetched again (a file failed its check)."""
+
 
 class ByteCounter:
     """Thread-safe running totals a renderer can poll."""
@@ -65,9 +68,19 @@ class NoEvents:
     def damaged(self, path: str, reason: str) -> None:
         pass
 
+    def refetching(self, n_bytes: int) -> None:
+        pass
 
-def status(done_bytes: int, total_bytes: int, elapsed_s: float) -> str:
-    """`1.2 GiB/4.0 GiB  30.0% 120.5 MiB/s`: how far a transfer is and how fast it goes."""
-    rate = done_bytes / max(elapsed_s, 1e-6)
-    pct = 100.0 * done_bytes / total_bytes if total_bytes else 100.0
-    return f"{format_bytes(done_bytes)}/{format_bytes(total_bytes)} {pct:5.1f}% {format_bytes(int(rate))}/s"
+
+def status(done_bytes: int, total_bytes: int, elapsed_s: float, again_bytes: int = 0) -> str:
+    """`1.2 GiB/4.0 GiB  30.0% 120.5 MiB/s`: how far a transfer is and how fast it goes.
+
+    Never past 100%: bytes fetched a second time (`again_bytes`, and any excess of
+    `done_bytes` over the total) are shown apart, `(+61.3 MiB again)`, and count in the rate.
+    """
+    again = again_bytes + max(0, done_bytes - total_bytes)
+    done = min(done_bytes, total_bytes)
+    rate = (done + again) / max(elapsed_s, 1e-6)
+    pct = 100.0 * done / total_bytes if total_bytes else 100.0
+    extra = f" (+{format_bytes(again)} again)" if again else ""
+    return f"{format_bytes(done)}/{format_bytes(total_bytes)} {pct:5.1f}%{extra} {format_bytes(int(rate))}/s"

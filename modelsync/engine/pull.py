@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Collection, Mapping
@@ -43,12 +44,20 @@ from modelsync.core.parts import (
 )
 from modelsync.core.record import CompletionRecord, weakest
 from modelsync.core.units import format_bytes
-from modelsync.core.verify import check_file, md5_part_bytes, needs_first_part, restart, unchanged
+from modelsync.core.verify import (
+    after_corrupt_fetch,
+    check_file,
+    md5_part_bytes,
+    needs_first_part,
+    restart,
+    unchanged,
+)
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.dedup import link_copies
-from modelsync.engine.events import ByteCounter, PullEvents
-from modelsync.engine.evict import make_room
+from modelsync.engine.events import PullEvents
+from modelsync.engine.evict import make_room, wait_for_room
 from modelsync.engine.fetch import FetchWindow, leave_signals_to_the_main_thread
+from modelsync.engine.holder_note import ProgressNote
 from modelsync.engine.ports import Backends, OpenBackends
 from modelsync.engine.rules import PullRules
 from modelsync.engine.tasks import first_error
@@ -65,46 +74,6 @@ from modelsync.errors import (
 MAX_OPEN_FILES = 64
 #: how often a pull with a cancel event checks it; bounds how long a cancelled pull runs on
 CANCEL_POLL_S = 0.1
-#: how often the lock holder's progress note is rewritten for waiting pullers
-HOLDER_NOTE_S = 2.0
-
-
-class ProgressNote:
-    """Passes events on, and keeps the lock's holder note current so waiters can say how far it is."""
-
-    def __init__(self, events: PullEvents, lock: ModelLock, interval_s: float = HOLDER_NOTE_S) -> None:
-        self._events = events
-        self._lock = lock
-        self._interval_s = interval_s
-        self._total = 0
-        self._next_note = 0.0
-        #: bytes written by this pull, the figure PullResult reports
-        self.counter = ByteCounter()
-
-    def waiting(self, holder: str) -> None:
-        self._events.waiting(holder)
-
-    def planned(self, files: int, total_bytes: int, missing_bytes: int) -> None:
-        self._total = missing_bytes
-        self._lock.update_holder(0, missing_bytes)
-        self._events.planned(files, total_bytes, missing_bytes)
-
-    def fetched(self, n_bytes: int) -> None:
-        self.counter.fetched(n_bytes)
-        now = time.monotonic()
-        if now >= self._next_note:  # from transfer threads: a race only makes the note a little stale
-            self._next_note = now + self._interval_s
-            self._lock.update_holder(self.counter.fetched_bytes, self._total)
-        self._events.fetched(n_bytes)
-
-    def verifying(self, path: str) -> None:
-        self._events.verifying(path)
-
-    def note(self, message: str) -> None:
-        self._events.note(message)
-
-    def damaged(self, path: str, reason: str) -> None:
-        self._events.damaged(path, reason)
 
 
 class Pulled(NamedTuple):
@@ -250,16 +219,18 @@ class _Puller:
     async def _claim_space(
         self, plan: PullPlan, state: JournalState, linked: Collection[str], resume: bool
     ) -> None:
-        """Make room for what is still to be written; refused before a byte is fetched, nothing stays."""
+        """Make room for what is still to be written (waiting for it when it is coming); refused
+        before a byte is fetched, nothing stays."""
         needed = sum(
             w.file.size_bytes
             for w in plan.files
             if w.file.path not in state.files and w.file.path not in linked
         )
+        claim = functools.partial(
+            make_room, self.settings, self.cache, self.catalog, self.ref, needed, self.protected
+        )
         try:
-            room = await asyncio.to_thread(
-                make_room, self.settings, self.cache, self.catalog, self.ref, needed, self.protected
-            )
+            room = await wait_for_room(claim, self.settings.room_wait_s, self.events.note)
         except DiskFullError:
             if not resume:
                 self.staging.discard()
@@ -359,32 +330,39 @@ class _Puller:
     # -- one file ----------------------------------------------------------------
 
     async def _file(self, work: FileWork, known: bool) -> None:
-        """Fetch and verify one file; a changed object or a bad checksum gets one fresh try."""
+        """Fetch and verify one file; a changed object gets one fresh try, bad bytes up to
+        `CORRUPT_FETCHES` fetches in all, and the error says whether the store or the way was wrong."""
         f = work.file
         if f.path in self.verified:  # linked from a cached copy, or verified before a restart
             return
-        for attempt in (1, 2):
+        changed, corrupt = False, list[str]()
+        while True:
             f = work.file
-            if attempt == 2 or not known:
+            if changed or corrupt or not known:
                 self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
             try:
                 md5_part = await self._md5_part_bytes(f)
                 hasher = PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
                 digest = await self.window.fetch_file(work, hasher)
-                self._accept(f, digest, md5_part)
+                try:
+                    self._accept(f, digest, md5_part)
+                except ChecksumMismatchError as exc:
+                    corrupt.append(digest.xxh3_128)
+                    if (stop := after_corrupt_fetch(exc, corrupt)) is not None:
+                        raise stop from None
+                    self.events.refetching(work.missing_bytes)
+                    work = restart(work, f)
+                    continue
                 if self.signature.active and f.path == self.signature.name:
                     await asyncio.to_thread(self.signature.signed, self.staging.dir)  # a bad one fails now
                 return
             except ObjectChangedError:
-                if attempt == 2:
+                if changed:
                     raise
+                changed = True
                 fresh = await self.window.store.head(self.ref.bucket, f.key)
                 work = restart(work, replace(f, size_bytes=fresh.size_bytes, etag=fresh.etag))
                 self.window.forget_url(f)
-            except ChecksumMismatchError:
-                if attempt == 2:
-                    raise
-                work = restart(work, f)
 
     def _accept(self, f: RemoteFile, digest: FileDigest, md5_part: int | None) -> None:
         """Check a complete file against what the source vouches for, and journal it as verified."""

@@ -44,6 +44,12 @@ from modelsync.config_values import (
     parse_signature_name,
     parse_string_list,
 )
+from modelsync.core.completeness import (
+    ManifestMode,
+    ManifestRule,
+    parse_manifest_mode,
+    parse_manifest_rules,
+)
 from modelsync.core.signature import (
     DEFAULT_SIGNATURE_NAME,
     Mode,
@@ -130,6 +136,10 @@ class Settings:
     #: s3:// prefixes whose sources the daemon serves besides the schedule's (comma-separated in the
     #: environment); each is checked where the daemon starts
     allowed_prefixes: tuple[str, ...] = field(default=(), metadata={"env": "MODELSYNC_ALLOWED_PREFIXES"})
+    #: whether a source must have a modelsync.manifest.json, where no rule says: required or if-present
+    manifest: ManifestMode = field(default=ManifestMode.IF_PRESENT, metadata={"env": "MODELSYNC_MANIFEST"})
+    #: per bucket or prefix: `[[manifest_rules]]` tables in the config file, a JSON list in the environment
+    manifest_rules: tuple[ManifestRule, ...] = field(default=(), metadata={"env": "MODELSYNC_MANIFEST_RULES"})
 
     def retry_policy(self) -> RetryPolicy:
         """The retry schedule both planes follow (budget, attempts, floor)."""
@@ -252,6 +262,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "pool": str,
     "node_name": str,
     "allowed_prefixes": lambda t: parse_string_list(t if t.lstrip().startswith("[") else t.replace(" ", ",")),
+    "manifest": parse_manifest_mode,
+    "manifest_rules": parse_manifest_rules,
 }
 
 #: what the commands that only read or manage the cache use: a bad value of any other

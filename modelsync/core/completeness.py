@@ -55,7 +55,7 @@ class ManifestRule:
 
 
 def resolve_manifest_rule(rules: tuple[ManifestRule, ...], ref: ModelRef) -> ManifestRule:
-    """The rule of the most specific scope that covers `ref`; if-present when none does."""
+    """The most specific rule that covers `ref` (the first of equals); if-present when none does."""
     matching = [r for r in rules if r.covers(ref)]
     return max(matching, key=lambda r: len(r.scope), default=ManifestRule("", ManifestMode.IF_PRESENT))
 

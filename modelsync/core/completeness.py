@@ -16,7 +16,6 @@ signature policy (core/signature.py):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -24,6 +23,7 @@ from enum import StrEnum
 from modelsync.core.manifest import MANIFEST_NAME
 from modelsync.core.refs import ModelRef
 from modelsync.core.scope import parse_scope
+from modelsync.core.signature import rule_tables
 from modelsync.errors import IncompleteModelError, UsageError
 
 #: the object `publish` keeps under the prefix while it uploads
@@ -62,13 +62,8 @@ def resolve_manifest_rule(rules: tuple[ManifestRule, ...], ref: ModelRef) -> Man
 
 def parse_manifest_rules(text: str) -> tuple[ManifestRule, ...]:
     """Rules from JSON (the environment, or the config file's `[[manifest_rules]]` tables)."""
-    try:
-        doc = json.loads(text) if text.strip() else []
-    except ValueError as exc:
-        raise UsageError(f"manifest rules are not JSON ({exc})") from None
-    if not isinstance(doc, list):
-        raise UsageError("manifest rules must be a list of tables with scope and mode")
-    return tuple(_rule_from(raw, f"manifest_rules[{i}]") for i, raw in enumerate(doc))
+    tables = rule_tables(text, "manifest")
+    return tuple(_rule_from(raw, f"manifest_rules[{i}]") for i, raw in enumerate(tables))
 
 
 def _rule_from(raw: object, where: str) -> ManifestRule:

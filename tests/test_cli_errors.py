@@ -908,6 +908,14 @@ MISTAKES = [
         s3="moto",
     ),
     Mistake(
+        "pull-of-a-prefix-holding-published-revisions",
+        ("pull", "s3://{bucket}/org/model/", "--cache-dir", "{cache}", "-q"),
+        USAGE,
+        ("holds the published model s3://{bucket}/org/model/rev1/",),
+        arrange=_objects("weights.bin", "modelsync.manifest.json"),
+        s3="moto",
+    ),
+    Mistake(
         "pull-of-a-parent-of-a-ready-model",
         ("pull", "s3://models/org/m/", "--cache-dir", "{cache}", "-q"),
         USAGE,

@@ -41,8 +41,6 @@ def test_a_listing_with_the_publish_mark_is_refused_whatever_the_policy() -> Non
 
 def test_a_listing_without_the_mark_is_refused_only_where_a_manifest_is_required() -> None:
     check_unmanifested(REF, {"org/m/v1/config.json"}, ManifestMode.IF_PRESENT)
-    # a mark under a deeper prefix is another model's business
-    check_unmanifested(REF, {"org/m/v1/sub/" + PUBLISHING_NAME}, ManifestMode.IF_PRESENT)
     with pytest.raises(IncompleteModelError, match="manifest policy requires"):
         check_unmanifested(REF, {"org/m/v1/config.json"}, ManifestMode.REQUIRED)
 
@@ -160,3 +158,11 @@ def test_leases_combine_so_a_shorter_one_never_cuts_a_longer_one(tmp_path: Path)
     assert cache.lease_until(REF) == pytest.approx(now + 8 * 3600)
     cache.lease(REF, now + 9 * 3600)
     assert cache.lease_until(REF) == pytest.approx(now + 9 * 3600)
+
+
+def test_a_listing_that_holds_a_published_model_below_the_prefix_is_refused_naming_it() -> None:
+    parent = parse_source("s3://models/org/m/")
+    for mark in ("modelsync.manifest.json", PUBLISHING_NAME):
+        with pytest.raises(NestedModelError, match="holds the published model s3://models/org/m/v2/"):
+            keys = {"org/m/README.md", f"org/m/v2/{mark}", "org/m/v2/w.bin"}
+            check_unmanifested(parent, keys, ManifestMode.IF_PRESENT)

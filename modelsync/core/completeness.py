@@ -24,7 +24,7 @@ from modelsync.core.manifest import MANIFEST_NAME
 from modelsync.core.refs import ModelRef
 from modelsync.core.scope import parse_scope
 from modelsync.core.signature import rule_tables
-from modelsync.errors import IncompleteModelError, UsageError
+from modelsync.errors import IncompleteModelError, NestedModelError, UsageError
 
 #: the object `publish` keeps under the prefix while it uploads
 PUBLISHING_NAME = "modelsync.publishing"
@@ -80,11 +80,23 @@ def _rule_from(raw: object, where: str) -> ManifestRule:
 
 def check_unmanifested(ref: ModelRef, keys: Collection[str], mode: ManifestMode) -> None:
     """A prefix with no manifest may be pulled from its listing (`keys`) only when no publish is
-    under way there and the policy does not require a manifest."""
+    under way there, it holds no published model below it (the revisions of a model, say), and
+    the policy does not require a manifest."""
     if ref.prefix + PUBLISHING_NAME in keys:
         raise IncompleteModelError(
             f"{ref.uri} is not a whole model: a publish to it is in progress or was interrupted "
             f"({PUBLISHING_NAME} is there, {MANIFEST_NAME} is not); let the publish finish, or run it again"
+        )
+    inner = sorted(
+        key.removesuffix(name)
+        for key in keys
+        for name in (MANIFEST_NAME, PUBLISHING_NAME)
+        if key.endswith("/" + name) and key != ref.prefix + name
+    )
+    if inner:
+        raise NestedModelError(
+            f"{ref.uri} holds the published model s3://{ref.bucket}/{inner[0]}; a model cannot hold "
+            "another: pull each revision's own prefix"
         )
     if mode is ManifestMode.REQUIRED:
         raise IncompleteModelError(

@@ -31,6 +31,7 @@ from typing import NamedTuple
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
 from modelsync.core.manifest import FileEntry
+from modelsync.core.nesting import check_not_nested
 from modelsync.core.parts import (
     FileWork,
     PullPlan,
@@ -293,6 +294,7 @@ class _Puller:
             files=tuple(FileEntry(f.path, f.size_bytes, self.verified[f.path][0], f.etag) for f in fetched),
             signer=signer,
         )
+        check_not_nested(self.ref, self.catalog.ready_refs())  # again: one may have become ready meanwhile
         path = await asyncio.to_thread(self.cache.make_ready, self.ref, self.staging, record)
         self.catalog.register(self.ref, record)
         return path

@@ -51,7 +51,7 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change 
 
 
 def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = False) -> None:
-    """List cached models: size, last use, pin, state, verification, signer, and totals against the budget."""
+    """List cached models: size, last use, pin, state, verification, signer, when evictable; totals."""
     settings = cache_settings(cache_dir, config)
     cache = existing_cache(settings)
     budget = budget_bytes(settings)

@@ -296,8 +296,9 @@ def _shard_missing(world: World) -> None:
 
 
 def _ready_revision(world: World) -> None:
-    """s3://models/org/m/r1/ ready in the cache, as a pull leaves it."""
-    make_ready(world.cache, "s3://models/org/m/r1/")
+    """The revision at PREFIX ready in the cache, as a pull leaves it, and objects around it in the store."""
+    _objects("weights.bin", "sub/a.bin")(world)
+    make_ready(world.cache, SRC.format(bucket=world.bucket))
 
 
 @dataclass(frozen=True)
@@ -917,21 +918,23 @@ MISTAKES = [
     ),
     Mistake(
         "pull-of-a-parent-of-a-ready-model",
-        ("pull", "s3://models/org/m/", "--cache-dir", "{cache}", "-q"),
+        ("pull", "s3://{bucket}/org/model/", "--cache-dir", "{cache}", "-q"),
         USAGE,
-        ("contains the ready model s3://models/org/m/r1/", "evict models/org/m/r1"),
+        (f"contains the ready model {SRC}", f"evict {{bucket}}/{PREFIX.rstrip('/')}"),
         arrange=_ready_revision,
+        s3="moto",
         known_leftovers=("records",),
-        arranged=("models",),
+        arranged=("test-",),
     ),
     Mistake(
         "pull-inside-a-ready-model",
-        ("pull", "s3://models/org/m/r1/sub/", "--cache-dir", "{cache}", "-q"),
+        ("pull", SRC + "sub/", "--cache-dir", "{cache}", "-q"),
         USAGE,
-        ("lies inside the ready model s3://models/org/m/r1/",),
+        (f"lies inside the ready model {SRC}",),
         arrange=_ready_revision,
+        s3="moto",
         known_leftovers=("records",),
-        arranged=("models",),
+        arranged=("test-",),
     ),
 ]
 

@@ -45,6 +45,7 @@ def test_a_pull_that_would_hold_a_ready_model_or_lie_inside_one_is_refused_namin
     tmp_path: Path, s3_env: S3Env, s3_client: BaseClient, bucket: str
 ) -> None:
     put(s3_client, bucket, "org/m/v1/", 1)
+    s3_client.put_object(Bucket=bucket, Key="org/m/v1/sub/tokenizer.json", Body=b"{}")
     put(s3_client, bucket, "org/m2/v1/", 3)
     env, cache = s3_env.subprocess_env(), tmp_path / "cache"
     assert run_cli(env, "pull", f"s3://{bucket}/org/m/v1/", "-q", cache_dir=cache).returncode == 0

@@ -225,6 +225,10 @@ class _Puller:
 
     async def _pull(self, backends: Backends) -> tuple[Path, PullPlan]:
         files = self.signature.select(await self._files(backends))
+        if self.current is None:
+            # a new model must neither hold a ready one nor lie inside one: its rename would
+            # swap the other's directory out, and evicting it would delete the other
+            check_not_nested(self.ref, self.catalog.ready_refs())
         if self.signature.active:
             self.window.hash_sha256()
         if self.current is not None and not self.recheck and unchanged(self.current, files):

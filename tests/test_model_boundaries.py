@@ -28,6 +28,7 @@ from modelsync.core.eviction import CacheEntry, evictable_at
 from modelsync.core.lifecycle import CacheState
 from modelsync.core.nesting import check_not_nested, held_by, holds, nestings
 from modelsync.core.refs import parse_source
+from modelsync.engine.rules import pull_rules
 from modelsync.errors import ConfigError, IncompleteModelError, NestedModelError, UsageError
 
 REF = parse_source("s3://models/org/m/v1/")
@@ -74,10 +75,10 @@ def test_the_manifest_policy_of_a_source_is_its_most_specific_scope(
 
 def test_a_rule_for_every_scope_overrides_the_global_manifest_setting_whose_default_is_if_present() -> None:
     everywhere = load_settings({}, {"MODELSYNC_MANIFEST_RULES": '[{"scope": "*", "mode": "required"}]'})
-    assert everywhere.manifest_rule(REF).mode is ManifestMode.REQUIRED
-    assert load_settings({}, {}).manifest_rule(REF).mode is ManifestMode.IF_PRESENT
+    assert pull_rules(everywhere, REF).manifest.mode is ManifestMode.REQUIRED
+    assert pull_rules(load_settings({}, {}), REF).manifest.mode is ManifestMode.IF_PRESENT
     required = load_settings({}, {"MODELSYNC_MANIFEST": "required"})
-    assert required.manifest_rule(REF).mode is ManifestMode.REQUIRED
+    assert pull_rules(required, REF).manifest.mode is ManifestMode.REQUIRED
     assert resolve_manifest_rule((), REF) == ManifestRule("", ManifestMode.IF_PRESENT)
 
 

@@ -96,7 +96,7 @@ def test_verify_reports_nested_models_and_separates_them_keeping_both(tmp_path: 
     done = run_cli({}, "verify", cache_dir=tmp_path)
 
     assert done.returncode == ExitCode.INTEGRITY, done.stderr
-    outer = "bad   models/org/m/: s3://models/org/m/ holds the ready model s3://models/org/m/v1/ inside it"
+    outer = "bad   models/org/m: s3://models/org/m/ holds the ready model s3://models/org/m/v1/ inside it"
     assert outer in done.stdout
     assert "ok    models/org/m/v1" in done.stdout
     assert (child / "weights.bin").read_bytes() == b"child" * 100

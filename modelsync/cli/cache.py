@@ -298,7 +298,9 @@ def verify(
             _repair(settings, cache, target, quiet)
         return
     if remote:
-        _compare_with_sources(settings, [c.model for c in report.checks if not (c.problems or c.busy)], quiet)
+        from modelsync.cli.remote import compare_with_sources
+
+        compare_with_sources(settings, [c.model for c in report.checks if not (c.problems or c.busy)], quiet)
     damaged = [c.model for c in report.checks if c.problems]
     if damaged and report.read_only:
         raise IntegrityError(
@@ -322,35 +324,6 @@ def _repair(settings: Settings, cache: Cache, model: str, quiet: bool) -> None:
         ref = prepare_repair(cache, catalog, model, settings.part_size_bytes)
     result = foreground_pull(pull_rules(settings, ref), quiet)
     typer.echo(f"repaired {ref.model_id}: fetched {format_bytes(result.fetched_bytes)}")
-
-
-def _compare_with_sources(settings: Settings, models: list[str], quiet: bool) -> None:
-    """Check each (intact) model against its source, as the daemon's refresh does; replace the
-    ones whose source changed since they were pulled (a republish), fetching only what changed."""
-    from modelsync.backends import s3_backends
-    from modelsync.engine.ensure import ReadyOptions, ensure_ready
-    from modelsync.progress import StderrProgress
-
-    cache = Cache(settings.cache_dir)
-    for model in models:
-        ref = parse_model_name(model)
-        before = cache.load_record(ref)
-        progress = StderrProgress(ref.model_id, quiet=quiet)
-        try:
-            result = ensure_ready(
-                pull_rules(settings, ref),
-                backends=s3_backends(settings),
-                events=progress,
-                options=ReadyOptions(refresh=True, use=False),
-            )
-        finally:
-            progress.close()
-        after = cache.load_record(ref)
-        if before is not None and after is not None and after.completed_at != before.completed_at:
-            fetched = format_bytes(result.fetched_bytes)
-            typer.echo(f"stale {model}: its source changed; replaced, fetched {fetched}")
-        else:
-            typer.echo(f"ok    {model}: same as its source")
 
 
 def gc(

@@ -44,6 +44,12 @@ from modelsync.config_values import (
     parse_signature_name,
     parse_string_list,
 )
+from modelsync.core.completeness import (
+    ManifestMode,
+    ManifestRule,
+    parse_manifest_mode,
+    parse_manifest_rules,
+)
 from modelsync.core.signature import (
     DEFAULT_SIGNATURE_NAME,
     Mode,
@@ -133,6 +139,10 @@ class Settings:
     #: seconds a pull that does not fit now waits for models in use, leased or being pulled to
     #: become evictable, when that is forecast to make room; 0 fails at once, at most a day
     room_wait_s: float = field(default=600.0, metadata={"env": "MODELSYNC_ROOM_WAIT"})
+    #: whether a source must have a modelsync.manifest.json, where no rule says: required or if-present
+    manifest: ManifestMode = field(default=ManifestMode.IF_PRESENT, metadata={"env": "MODELSYNC_MANIFEST"})
+    #: per bucket or prefix: `[[manifest_rules]]` tables in the config file, a JSON list in the environment
+    manifest_rules: tuple[ManifestRule, ...] = field(default=(), metadata={"env": "MODELSYNC_MANIFEST_RULES"})
 
     def retry_policy(self) -> RetryPolicy:
         """The retry schedule both planes follow (budget, attempts, floor)."""
@@ -256,6 +266,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "node_name": str,
     "allowed_prefixes": lambda t: parse_string_list(t if t.lstrip().startswith("[") else t.replace(" ", ",")),
     "room_wait_s": bounded_duration(0, DAY_S),  # a day covers any lease worth waiting out
+    "manifest": parse_manifest_mode,
+    "manifest_rules": parse_manifest_rules,
 }
 
 #: what the commands that only read or manage the cache use: a bad value of any other

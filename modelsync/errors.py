@@ -9,7 +9,8 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     │   ├── ConfigError             a bad setting, config file or AWS profile
     │   │   └── CaBundleError       AWS_CA_BUNDLE holds no usable certificate
     │   ├── ScheduleError           the schedule file is unreadable or invalid
-    │   └── WrongEndpointError      the store redirects: wrong endpoint or region
+    │   ├── WrongEndpointError      the store redirects: wrong endpoint or region
+    │   └── NestedModelError        the source holds a ready model, or lies inside one
     ├── NotFoundError (3)           bucket, prefix, key, cache or cached model does not exist
     │   └── BucketNotFoundError     the bucket itself does not exist
     ├── AccessDeniedError (4)       credentials rejected or not allowed
@@ -21,6 +22,7 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
     │   ├── ManifestError           modelsync.manifest.json is malformed
     │   ├── MalformedModelError     a safetensors header or shard index does not add up
     │   ├── SizeMismatchError       the store holds another size than the manifest says
+    │   ├── IncompleteModelError    a publish in progress or cut short, or no manifest where one is required
     │   └── SignatureError          the model's OpenSSF signature does not vouch for it
     │       ├── UnsignedModelError      a signature is required and there is none
     │       ├── UntrustedSignatureError the signature or its signer is not trusted
@@ -105,6 +107,12 @@ class WrongEndpointError(UsageError):
     code = "wrong_endpoint"
 
 
+class NestedModelError(UsageError):
+    """A model's prefix would contain a ready model, or lie inside one: each would hold the other's files."""
+
+    code = "nested_model"
+
+
 class NotFoundError(ModelsyncError):
     exit_code = ExitCode.NOT_FOUND
     code = "not_found"
@@ -142,6 +150,13 @@ class ManifestError(IntegrityError):
 
 class MalformedModelError(IntegrityError):
     code = "malformed_model"
+
+
+class IncompleteModelError(IntegrityError):
+    """The prefix is not a whole published model: its publish has not finished, a manifest the
+    policy requires is missing, or its shard index names a shard it lacks."""
+
+    code = "incomplete_model"
 
 
 class SignatureError(IntegrityError):

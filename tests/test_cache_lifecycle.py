@@ -252,7 +252,7 @@ def test_ls_lists_size_last_use_pin_state_and_verification_with_totals_against_t
     text = run("ls", env={"MODELSYNC_CACHE_MAX_BYTES": "100Mi"})
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    header = ["MODEL", "STATE", "SIZE", "LAST", "USED", "PINNED", "VERIFIED", "SIGNED", "BY"]
+    header = ["MODEL", "STATE", "SIZE", "LAST", "USED", "PINNED", "VERIFIED", "SIGNED", "BY", "EVICTABLE"]
     assert lines[0].split() == header
     by_model = {line.split()[0]: line for line in lines[1:-1]}
     assert "3.0h ago" in by_model[old.name] or "3h ago" in by_model[old.name], by_model[old.name]
@@ -614,7 +614,7 @@ def test_verify_full_quarantines_a_corrupted_model_and_repair_fetches_only_the_b
     row = models_of(ls_json(run))[model.name]
     assert (row["state"], row["verified_at"]) == ("quarantined", None)
     listed = [line.split() for line in run("ls").stdout.splitlines()]
-    assert [model.name, "quarantined"] == listed[1][:2] and listed[1][-1] == "failed"
+    assert [model.name, "quarantined"] == listed[1][:2] and listed[1][-2:] == ["failed", "now"]
     fault_proxy.clear()
     repaired = run("verify", "--repair")
 

@@ -27,6 +27,7 @@ from support.cli import run_cli
 from support.faultproxy import FaultProxy
 from support.motoserver import SubprocessMoto
 from support.s3env import S3Env
+from test_warm import make_ready
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.digest import xxh3_of
@@ -289,6 +290,25 @@ def _big_schedule(world: World) -> None:
     (world.tmp_path / "big.yaml").write_text("#" * (3 * MiB) + "\n")
 
 
+def _publish_in_progress(world: World) -> None:
+    _objects("config.json", "modelsync.publishing")(world)
+
+
+def _shard_missing(world: World) -> None:
+    assert world.client is not None
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    _objects("model-00001-of-00002.safetensors")(world)
+    world.client.put_object(
+        Bucket=world.bucket, Key=PREFIX + "model.safetensors.index.json", Body=json.dumps(index).encode()
+    )
+
+
+def _ready_revision(world: World) -> None:
+    """The revision at PREFIX ready in the cache, as a pull leaves it, and objects around it in the store."""
+    _objects("weights.bin", "sub/a.bin")(world)
+    make_ready(world.cache, SRC.format(bucket=world.bucket))
+
+
 @dataclass(frozen=True)
 class Mistake:
     """One user mistake: the command line (with placeholders), what it must answer, and its setting."""
@@ -309,6 +329,8 @@ class Mistake:
     stdout: bool = False
     #: what the failure keeps on purpose (see left_behind)
     known_leftovers: tuple[str, ...] = ()
+    #: paths outside the state directory that `arrange` put there (a ready model)
+    arranged: tuple[str, ...] = ()
 
 
 PULL = ("pull", "s3://models/org/m/", "--cache-dir", "{cache}", "-q")
@@ -862,6 +884,83 @@ MISTAKES = [
         known_leftovers=RESUMABLE,
     ),
     Mistake("unreachable-endpoint", PULL, REMOTE, ("127.0.0.1",), s3="dead"),
+    # -- a source that is not a whole model, or would nest
+    Mistake(
+        "pull-of-a-publish-in-progress",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("modelsync.publishing is there", "run it again"),
+        arrange=_publish_in_progress,
+        s3="moto",
+    ),
+    Mistake(
+        "manifest-required",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("no modelsync.manifest.json", "manifest policy requires"),
+        env={"MODELSYNC_MANIFEST": "required"},
+        arrange=_objects("weights.bin"),
+        s3="moto",
+    ),
+    Mistake(
+        "manifest-required-by-a-rule",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("manifest policy requires",),
+        env={"MODELSYNC_MANIFEST_RULES": '[{"scope": "*", "mode": "required"}]'},
+        arrange=_objects("weights.bin"),
+        s3="moto",
+    ),
+    Mistake(
+        "manifest-policy-typo",
+        PULL,
+        USAGE,
+        ("MODELSYNC_MANIFEST", "'sometimes' is not one of required, if-present"),
+        env={"MODELSYNC_MANIFEST": "sometimes"},
+    ),
+    Mistake(
+        "manifest-rules-not-a-list",
+        PULL,
+        USAGE,
+        ("MODELSYNC_MANIFEST_RULES", "a list of tables"),
+        env={"MODELSYNC_MANIFEST_RULES": '{"scope": "*", "mode": "required"}'},
+    ),
+    Mistake(
+        "shard-index-names-a-missing-shard",
+        ("pull", SRC, "--cache-dir", "{cache}", "-q"),
+        INTEGRITY,
+        ("model-00002-of-00002.safetensors, which the prefix lacks",),
+        arrange=_shard_missing,
+        s3="moto",
+    ),
+    Mistake(
+        "pull-of-a-prefix-holding-published-revisions",
+        ("pull", "s3://{bucket}/org/model/", "--cache-dir", "{cache}", "-q"),
+        USAGE,
+        ("holds the published model s3://{bucket}/org/model/rev1/",),
+        arrange=_objects("weights.bin", "modelsync.manifest.json"),
+        s3="moto",
+    ),
+    Mistake(
+        "pull-of-a-parent-of-a-ready-model",
+        ("pull", "s3://{bucket}/org/model/", "--cache-dir", "{cache}", "-q"),
+        USAGE,
+        (f"contains the ready model {SRC}", f"evict {{bucket}}/{PREFIX.rstrip('/')}"),
+        arrange=_ready_revision,
+        s3="moto",
+        known_leftovers=("records",),
+        arranged=("test-",),
+    ),
+    Mistake(
+        "pull-inside-a-ready-model",
+        ("pull", SRC + "sub/", "--cache-dir", "{cache}", "-q"),
+        USAGE,
+        (f"lies inside the ready model {SRC}",),
+        arrange=_ready_revision,
+        s3="moto",
+        known_leftovers=("records",),
+        arranged=("test-",),
+    ),
 ]
 
 
@@ -895,7 +994,8 @@ def test_a_user_mistake_gives_one_error_line_its_documented_code_and_leaves_noth
         done, mistake.code, *(m.format(**values) for m in mistake.mentions), stdout=mistake.stdout
     )
     assert WRONG_SECRET not in done.stdout + done.stderr
-    assert left_behind(cache, mistake.known_leftovers) == []
+    left = left_behind(cache, mistake.known_leftovers)
+    assert [path for path in left if not path.startswith(mistake.arranged)] == []
     if mistake.s3 == "none" and not had_cache:
         assert not cache.exists(), "a command refused before it started created a cache"
     assert not (tmp_path / "typo").exists()

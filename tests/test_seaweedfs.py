@@ -322,3 +322,47 @@ def _status(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+
+
+def test_a_publish_cut_short_is_refused_to_a_reader_and_its_rerun_sends_only_what_is_missing(
+    tmp_path: Path, seaweed_admin: S3Env, seaweed_reader: S3Env, seaweed_bucket: str, proxy: FaultProxy
+) -> None:
+    files = {"weights.bin": os.urandom(6 * MiB), "config.json": b"{}"}
+    local = write_model(tmp_path / "model", files)
+    uri = f"s3://{seaweed_bucket}/org/m/rev1/"
+    ref = parse_source(uri)
+    admin = seaweed_admin.boto3_client()
+    try:
+        # what a publish killed before its manifest leaves: the mark, a multipart weights.bin, no manifest
+        admin.put_object(Bucket=seaweed_bucket, Key=ref.prefix + "modelsync.publishing", Body=b"{}")
+        upload = admin.create_multipart_upload(Bucket=seaweed_bucket, Key=ref.prefix + "weights.bin")
+        parts = []
+        for number, start in enumerate((0, 5 * MiB), start=1):
+            body = files["weights.bin"][start : start + 5 * MiB]
+            answer = admin.upload_part(
+                Bucket=seaweed_bucket, Key=ref.prefix + "weights.bin", UploadId=upload["UploadId"],
+                PartNumber=number, Body=body,
+            )  # fmt: skip
+            parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+        admin.complete_multipart_upload(
+            Bucket=seaweed_bucket, Key=ref.prefix + "weights.bin", UploadId=upload["UploadId"],
+            MultipartUpload={"Parts": parts},
+        )  # fmt: skip
+        cache = tmp_path / "cache"
+
+        refused = pull(seaweed_reader, cache, ref)
+        assert refused.returncode == ExitCode.INTEGRITY
+        assert "modelsync.publishing is there" in one_error_line(refused.stderr)
+        assert not Cache(cache).ready_path(ref).exists()
+
+        proxied = seaweed_admin.via(proxy.endpoint_url).subprocess_env()
+        rerun = run_cli(proxied, "publish", str(local), uri, "--part-size", "5Mi")
+        assert rerun.returncode == 0, rerun.stderr
+        assert "1 already there (6.0 MiB), not sent again" in rerun.stderr
+        assert proxy.requests("weights.bin", "PUT") == [] and proxy.requests("weights.bin", "POST") == []
+        keys = {o["Key"] for o in admin.list_objects_v2(Bucket=seaweed_bucket)["Contents"]}
+        assert keys == {ref.prefix + name for name in (MANIFEST_NAME, "weights.bin", "config.json")}
+    finally:
+        admin.close()
+    assert pull(seaweed_reader, cache, ref).returncode == 0
+    assert_ready(cache, ref, files)

@@ -228,6 +228,11 @@ class S3:
             resp = await self._client.put_object(Bucket=bucket, Key=key, Body=data)
         return _strip(resp["ETag"])
 
+    async def delete(self, bucket: str, key: str) -> None:
+        """Delete one object; a missing one is no error (S3 answers 204 either way)."""
+        with s3_errors(f"deleting s3://{bucket}/{key}", bucket):
+            await self._client.delete_object(Bucket=bucket, Key=key)
+
     async def ensure_bucket(self, bucket: str) -> None:
         """Used by the demo only: create the bucket if it is missing."""
         with s3_errors(f"creating bucket {bucket}", bucket):

@@ -30,7 +30,14 @@ from modelsync.cli.options import (
     plural,
 )
 from modelsync.config import CACHE_SETTINGS, SIGNATURE_SETTINGS, Settings
-from modelsync.core.eviction import EvictionPlan, budget_use, plan_named, plan_to_size, plan_unused
+from modelsync.core.eviction import (
+    EvictionPlan,
+    budget_use,
+    evictable_at,
+    plan_named,
+    plan_to_size,
+    plan_unused,
+)
 from modelsync.core.lifecycle import CacheState
 from modelsync.core.refs import parse_model_name
 from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_size
@@ -44,20 +51,22 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change 
 
 
 def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = False) -> None:
-    """List cached models: size, last use, pin, state, verification, signer, and totals against the budget."""
+    """List cached models: size, last use, pin, state, verification, signer, when evictable; totals."""
     settings = cache_settings(cache_dir, config)
     cache = existing_cache(settings)
     budget = budget_bytes(settings)
     with open_catalog(cache) as catalog:
         views = catalog.views()
-        use = budget_use(catalog.eviction_entries(views), budget)
+        entries = catalog.eviction_entries(views)
+        use = budget_use(entries, budget)
         damaged = catalog.damaged
+    evictable = {e.model: evictable_at(e, settings.in_use_grace_s) for e in entries}
     used = use.used_bytes
     free = fs.free_bytes(settings.cache_dir)
     _warn_damaged(damaged)
     if as_json:
         doc = {
-            "models": [_as_dict(v) for v in views],
+            "models": [{**_as_dict(v), "evictable_at": _iso(evictable[v.model])} for v in views],
             "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},
             "damaged_records": [
                 {"path": str(d.path), "reason": d.reason, "model": d.ref.model_id if d.ref else None}
@@ -67,7 +76,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
         typer.echo(json.dumps(doc, indent=1))
         return
     now = time.time()
-    rows = [("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED", "SIGNED BY")]
+    rows = [("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED", "SIGNED BY", "EVICTABLE")]
     for v in views:
         rows.append(
             (
@@ -78,6 +87,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
                 "yes" if v.pinned else "",
                 "failed" if v.state is CacheState.QUARANTINED else _ago(v.verified_at, now),
                 v.signer or "",
+                _evictable(evictable[v.model], now),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -227,6 +237,10 @@ def verify(
     repair: Annotated[
         bool, typer.Option("--repair", help="Fetch only the bad files of quarantined models.")
     ] = False,
+    remote: Annotated[
+        bool,
+        typer.Option("--remote", help="Compare models with their sources; replace ones changed there."),
+    ] = False,
     cache_dir: CacheDir = None,
     endpoint_url: EndpointUrl = None,
     config: ConfigFile = None,
@@ -236,7 +250,7 @@ def verify(
     """Check cached models; a damaged one is quarantined (not served); --repair refetches its bad files."""
     from modelsync.engine.maintain import verify as run_verify
 
-    if repair:  # a repair pulls, so it needs every setting; a check needs only the cache's
+    if repair or remote:  # these pull, so they need every setting; a check needs only the cache's
         settings = build_settings(SettingFlags(cache_dir=cache_dir, endpoint_url=endpoint_url, config=config))
     else:
         # --full re-checks signatures: a bad policy must stop it, not silently turn it off
@@ -283,6 +297,10 @@ def verify(
         for target in targets:
             _repair(settings, cache, target, quiet)
         return
+    if remote:
+        from modelsync.cli.remote import compare_with_sources
+
+        compare_with_sources(settings, [c.model for c in report.checks if not (c.problems or c.busy)], quiet)
     damaged = [c.model for c in report.checks if c.problems]
     if damaged and report.read_only:
         raise IntegrityError(
@@ -320,8 +338,12 @@ def gc(
     config: ConfigFile = None,
     as_json: Json = False,
 ) -> None:
-    """Remove abandoned staging, orphan locks, unfinished deletes and stale index rows."""
-    from modelsync.engine.maintain import collect_garbage, leftovers
+    """Remove abandoned staging, orphan locks, unfinished deletes and stale index rows.
+
+    A ready model that holds another inside it (from an older modelsync) goes to
+    quarantine; the model inside stays ready.
+    """
+    from modelsync.engine.maintain import collect_garbage, leftovers, nested_leftovers
 
     age_s = parse_duration(older_than)
     cache = existing_cache(cache_settings(cache_dir, config))
@@ -329,7 +351,10 @@ def gc(
         access.require_writable(cache.root, "gc")
     with open_catalog(cache) as catalog:
         stale_rows = catalog.stale_rows_dropped
-        found = leftovers(cache, age_s) if dry_run else collect_garbage(cache, catalog, age_s)
+        if dry_run:
+            found = nested_leftovers(cache, catalog) + leftovers(cache, age_s)
+        else:
+            found = collect_garbage(cache, catalog, age_s)
     if as_json:
         doc = {
             "dry_run": dry_run,
@@ -350,6 +375,13 @@ def _ago(at: float | None, now: float) -> str:
     if not at:
         return "never"
     return f"{format_duration(max(0.0, now - at))} ago"
+
+
+def _evictable(at: float | None, now: float) -> str:
+    """When making room may take the model: now, in how long (its lease or in-use grace), or never."""
+    if at is None:
+        return "no"
+    return "now" if at <= now else f"in {format_duration(at - now)}"
 
 
 def _iso(at: float | None) -> str | None:

@@ -149,6 +149,9 @@ def publish(
 ) -> None:
     """Upload a model directory to an existing bucket; its modelsync.manifest.json is written last.
 
+    Until then the prefix holds modelsync.publishing, and pulls refuse it. Run
+    again after an interruption, it sends only the files not there yet.
+
     With --sign-key, an OpenSSF model signature (model.sig, verifiable with the
     model_signing command) is written beside the manifest.
     """
@@ -185,10 +188,12 @@ def publish(
     if not quiet:
         noun = "file" if result.files == 1 else "files"
         signed = f", signed as {result.signature_key}" if result.signature_key else ""
-        typer.echo(
-            f"published {result.files} {noun} ({format_bytes(result.total_bytes)}) to {ref.uri}{signed}",
-            err=True,
-        )
+        kept = ""
+        if result.skipped_files:
+            kept = (f"; {result.skipped_files} already there ({format_bytes(result.skipped_bytes)}), "
+                    "not sent again")
+        size = format_bytes(result.total_bytes)
+        typer.echo(f"published {result.files} {noun} ({size}) to {ref.uri}{signed}{kept}", err=True)
     typer.echo(ref.uri)
 
 

@@ -377,3 +377,11 @@ def _protection_reason(
     if idle_s < grace_s:
         return f"in use: used {format_duration(max(0.0, idle_s))} ago, grace {format_duration(grace_s)}"
     return protected.get(entry.model)
+
+
+def evictable_at(entry: CacheEntry, grace_s: float) -> float | None:
+    """When making room may first take `entry`: its lease's end or its in-use grace's, whichever is
+    later; None while nothing but an operator (pinned) or the end of its pull can free it."""
+    if entry.pinned or entry.state is CacheState.PULLING:
+        return None
+    return max(entry.in_use_until or 0.0, entry.last_used_at + grace_s)

@@ -165,21 +165,10 @@ def check_index(path: str, data: bytes, shards: Mapping[str, Header], files: fro
     `path` is the index's path in the model; shard names in it are relative to its
     directory. `shards` holds the parsed header of every safetensors file, by path.
     """
-    if len(data) > MAX_INDEX_BYTES:
-        raise MalformedModelError(
-            f"{path}: a shard index of {len(data)} bytes, over the limit of {MAX_INDEX_BYTES}"
-        )
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedModelError(f"{path}: not valid JSON ({exc})") from None
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise MalformedModelError(f"{path}: 'weight_map' is not a mapping of tensor names to shard files")
-    directory = path.rpartition("/")[0]
+    doc, weight_map = _parse_index(path, data)
     named: set[str] = set()
-    for tensor, shard in weight_map.items():
-        shard_path = f"{directory}/{shard}" if directory else shard
+    for tensor, shard_path in weight_map.items():
+        shard = shard_path.rpartition("/")[2]
         if shard_path not in files:
             raise MalformedModelError(f"{path}: tensor {tensor!r} maps to {shard!r}, which the model lacks")
         header = shards.get(shard_path)
@@ -197,3 +186,25 @@ def check_index(path: str, data: bytes, shards: Mapping[str, Header], files: fro
         raise MalformedModelError(
             f"{path}: metadata.total_size is {total} but its shards hold {actual} tensor bytes"
         )
+
+
+def index_shards(path: str, data: bytes) -> dict[str, str]:
+    """Each tensor's shard in the index at `path`, as a path in the model (read before any shard is)."""
+    return _parse_index(path, data)[1]
+
+
+def _parse_index(path: str, data: bytes) -> tuple[dict[str, object], dict[str, str]]:
+    """The index document and its weight map, shard names made paths relative to the model's root."""
+    if len(data) > MAX_INDEX_BYTES:
+        raise MalformedModelError(
+            f"{path}: a shard index of {len(data)} bytes, over the limit of {MAX_INDEX_BYTES}"
+        )
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedModelError(f"{path}: not valid JSON ({exc})") from None
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise MalformedModelError(f"{path}: 'weight_map' is not a mapping of tensor names to shard files")
+    directory = path.rpartition("/")[0]
+    return doc, {t: f"{directory}/{s}" if directory else s for t, s in weight_map.items()}

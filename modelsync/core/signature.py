@@ -96,13 +96,19 @@ def resolve(rules: tuple[SignatureRule, ...], ref: ModelRef) -> SignatureRule:
 
 def parse_rules(text: str) -> tuple[SignatureRule, ...]:
     """Rules from JSON (the environment, or the config file's `[[signature_rules]]` tables)."""
+    tables = rule_tables(text, "signature")
+    return tuple(rule_from(raw, f"signature_rules[{i}]") for i, raw in enumerate(tables))
+
+
+def rule_tables(text: str, what: str) -> list[object]:
+    """The JSON list of `what` (signature, manifest) rule tables; each is checked by its parser."""
     try:
         doc = json.loads(text) if text.strip() else []
     except ValueError as exc:
-        raise UsageError(f"signature rules are not JSON ({exc})") from None
+        raise UsageError(f"{what} rules are not JSON ({exc})") from None
     if not isinstance(doc, list):
-        raise UsageError("signature rules must be a list of tables with scope and mode")
-    return tuple(rule_from(raw, f"signature_rules[{i}]") for i, raw in enumerate(doc))
+        raise UsageError(f"{what} rules must be a list of tables with scope and mode")
+    return doc
 
 
 _RULE_KEYS = frozenset({"scope", "mode", "public_keys", "certificate_chain", "identities"})

@@ -204,6 +204,10 @@ class Catalog:
             )
         return entries
 
+    def ready_refs(self) -> list[ModelRef]:
+        """Every ready model (not quarantined, not being pulled)."""
+        return [parse_model_name(row.model) for row in self.index.models() if row.state is CacheState.READY]
+
     def view(self, model: str) -> ModelView | None:
         return next((v for v in self.views() if v.model == model), None)
 

@@ -18,6 +18,7 @@ the pull waits outside the lock (engine/pull.py) until then or its deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from modelsync.adapters import fs
 from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
 from modelsync.core.eviction import CacheEntry, EvictionPlan, budget_use, plan_eviction, plan_watermarks
+from modelsync.core.nesting import held_by
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.room import RoomForecast, forecast_room, instant
 from modelsync.core.units import format_bytes, format_duration
@@ -43,23 +45,27 @@ class EvictionResult:
 def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResult:
     """Take `models` out of the ready set, delete them; one whose lock is held is skipped, not awaited."""
     evicted, skipped = [], []
+    ready = catalog.ready_refs()
     for model in models:
         ref = parse_model_name(model)
-        lock = cache.lock(ref)
-        if not lock.try_acquire():
-            skipped.append(model)
-            continue
-        try:
+        with contextlib.ExitStack() as locks:
+            # a ready model inside this one (a cache from before models could not nest) stays
+            inside = held_by(ref, ready)
+            if not try_lock_all(cache, (ref, *inside), locks):  # one is being pulled: leave them alone
+                skipped.append(model)
+                continue
             # A quarantined copy goes too (nothing there when the model is not quarantined); no
             # per-victim lookup of its state, which would read every model's markers again.
             cache.drop_quarantine(ref)
-            cache.remove_ready(ref)
+            if inside:
+                cache.remove_ready_keeping(ref, inside)
+            else:
+                cache.remove_ready(ref)
             cache.finish_removal(ref)  # what an eviction stopped midway left in the trash
             cache.prune_parents(ref)
             cache.forget(ref)
             catalog.index.remove([model])
-        finally:
-            lock.release()
+        ready = [r for r in ready if r != ref]
         evicted.append(model)
     return EvictionResult(tuple(evicted), tuple(skipped))
 
@@ -75,6 +81,16 @@ class RoomLater:
     at: float
     #: one line: what is short and which protections must end
     waiting_for: str
+
+
+def try_lock_all(cache: Cache, refs: Iterable[ModelRef], locks: contextlib.ExitStack) -> bool:
+    """Take each model's lock without waiting (released as `locks` closes); False when one is held."""
+    for ref in refs:
+        lock = cache.lock(ref)
+        if not lock.try_acquire():
+            return False
+        locks.callback(lock.release)
+    return True
 
 
 def budget_bytes(settings: Settings) -> int | None:

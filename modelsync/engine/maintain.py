@@ -8,6 +8,7 @@ left alone and reported as busy.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,11 +19,13 @@ from modelsync.adapters.cache import Cache, Journal
 from modelsync.adapters.cache.damaged import DamagedRecord
 from modelsync.adapters.cache.leftovers import Leftover, leftovers, remove_leftover
 from modelsync.core.lifecycle import CacheState
+from modelsync.core.nesting import Nesting, held_by, nestings
 from modelsync.core.parts import layout_bytes, plan_parts
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME, Mode, SignatureRule
 from modelsync.engine.catalog import Catalog
+from modelsync.engine.evict import try_lock_all
 from modelsync.engine.ready import Problem, full_check, quick_check
 from modelsync.engine.trust import full_recheck
 from modelsync.errors import NotFoundError
@@ -33,8 +36,10 @@ __all__ = [
     "VerifyReport",
     "collect_garbage",
     "leftovers",
+    "nested_leftovers",
     "prepare_repair",
     "repair_ready",
+    "separate_nested",
     "stage_good_files",
     "verify",
     "verify_ready",
@@ -76,10 +81,17 @@ def verify(
     `full` re-hashes every byte and scrubs safetensors headers; with `signatures`
     (the policy for a model) it also re-checks each model's signature.
     """
+    report = VerifyReport(read_only=not access.writable(cache.state_dir))
+    # nested models first: separating them takes the outer ones out of the ready set
+    if report.read_only:
+        found, separated = nestings(catalog.ready_refs()), False
+    else:
+        found, separated = separate_nested(cache, catalog), True
+    for nesting in found:
+        report.checks.append(ModelCheck(nesting.outer.model_id, (_nested(nesting),), quarantined=separated))
     views = catalog.views()
     if model is not None:
         views = [catalog.require(parse_model_name(model).model_id)]
-    report = VerifyReport(read_only=not access.writable(cache.state_dir))
     for view in views:
         if view.state is not CacheState.READY:
             continue
@@ -252,5 +264,42 @@ def verify_ready(cache: Cache, ref: ModelRef, part_size_bytes: int) -> list[Prob
 
 
 def collect_garbage(cache: Cache, catalog: Catalog, older_than_s: float) -> list[Leftover]:
-    """Remove leftovers older than `older_than_s`; stale index rows were already dropped by the catalog."""
-    return [item for item in leftovers(cache, older_than_s) if remove_leftover(item)]
+    """Remove leftovers older than `older_than_s`, and separate nested models (`separate_nested`);
+    stale index rows were already dropped by the catalog."""
+    separated = [
+        Leftover(cache.ready_path(n.outer), _nested(n).reason) for n in separate_nested(cache, catalog)
+    ]
+    return separated + [item for item in leftovers(cache, older_than_s) if remove_leftover(item)]
+
+
+def nested_leftovers(cache: Cache, catalog: Catalog) -> list[Leftover]:
+    """What `separate_nested` would do, as `gc --dry-run` shows it."""
+    return [Leftover(cache.ready_path(n.outer), _nested(n).reason) for n in nestings(catalog.ready_refs())]
+
+
+def separate_nested(cache: Cache, catalog: Catalog) -> list[Nesting]:
+    """Take each ready model that holds ready models inside it (a cache from before models could
+    not nest) out of the ready set, destroying nothing: the models inside stay ready where they
+    are, the rest of its files and its record go to quarantine (evict it to free the space).
+    A model that is being pulled, or holds one that is, is left for a later run."""
+    separated = []
+    ready = catalog.ready_refs()
+    for outer in sorted({n.outer for n in nestings(ready)}, key=lambda r: (len(r.prefix), r.uri)):
+        inside = held_by(outer, ready)
+        with contextlib.ExitStack() as locks:
+            record = cache.ready_record(outer)
+            if record is None or not try_lock_all(cache, (outer, *inside), locks):
+                continue
+            cache.quarantine_keeping(outer, record, inside)
+            catalog.register(outer, record, CacheState.QUARANTINED)
+        ready = [r for r in ready if r != outer]
+        separated += [Nesting(outer, inner) for inner in inside]
+    return separated
+
+
+def _nested(nesting: Nesting) -> Problem:
+    return Problem(
+        "",
+        f"{nesting.describe()}; kept in quarantine, {nesting.inner.model_id} stays ready "
+        f"(evict {nesting.outer.model_id} to free its space)",
+    )

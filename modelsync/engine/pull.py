@@ -31,11 +31,10 @@ from typing import NamedTuple
 
 from modelsync.adapters.cache import Cache, JournalState, ModelLock, Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
-from modelsync.core.keys import safe_relative_path
-from modelsync.core.manifest import MANIFEST_NAME, FileEntry, parse_manifest
+from modelsync.core.manifest import FileEntry
+from modelsync.core.nesting import check_not_nested
 from modelsync.core.parts import (
     FileWork,
-    ObjectInfo,
     PullPlan,
     RemoteFile,
     layout_bytes,
@@ -60,12 +59,12 @@ from modelsync.engine.fetch import FetchWindow, leave_signals_to_the_main_thread
 from modelsync.engine.holder_note import ProgressNote
 from modelsync.engine.ports import Backends, OpenBackends
 from modelsync.engine.rules import PullRules
+from modelsync.engine.source import source_files
 from modelsync.engine.tasks import first_error
 from modelsync.engine.trust import SignatureCheck, final_check
 from modelsync.errors import (
     ChecksumMismatchError,
     DiskFullError,
-    NotFoundError,
     ObjectChangedError,
     PullCancelledError,
 )
@@ -172,6 +171,7 @@ class _Puller:
         #: the version of each file that was fetched and verified (a restart may change it)
         self.fetched: dict[str, RemoteFile] = {}
         self.signature = SignatureCheck(ref, rules.signature, rules.signature_name)
+        self.manifest_mode = rules.manifest.mode
         #: SHA-256 of each file hashed while it downloaded (only when a signature is checked)
         self.sha256s: dict[str, str] = {}
         self.backends: Backends | None = None
@@ -194,6 +194,10 @@ class _Puller:
 
     async def _pull(self, backends: Backends) -> tuple[Path, PullPlan]:
         files = self.signature.select(await self._files(backends))
+        if self.current is None:
+            # a new model must neither hold a ready one nor lie inside one: its rename would
+            # swap the other's directory out, and evicting it would delete the other
+            check_not_nested(self.ref, self.catalog.ready_refs())
         if self.signature.active:
             self.window.hash_sha256()
         if self.current is not None and not self.recheck and unchanged(self.current, files):
@@ -265,6 +269,7 @@ class _Puller:
             files=tuple(FileEntry(f.path, f.size_bytes, self.verified[f.path][0], f.etag) for f in fetched),
             signer=signer,
         )
+        check_not_nested(self.ref, self.catalog.ready_refs())  # again: one may have become ready meanwhile
         path = await asyncio.to_thread(self.cache.make_ready, self.ref, self.staging, record)
         self.catalog.register(self.ref, record)
         return path
@@ -300,32 +305,8 @@ class _Puller:
     # -- what to fetch ---------------------------------------------------------
 
     async def _files(self, backends: Backends) -> list[RemoteFile]:
-        """The model's files: from its manifest (with digests) or from a listing."""
-        store = backends.store
-        data = await store.get_manifest(self.ref, MANIFEST_NAME)
-        if data is None:
-            listing = await store.list_model(self.ref)
-            return [self._remote(o) for o in listing if not o.key.endswith("/")]
-        manifest = parse_manifest(data, f"{self.ref.uri}{MANIFEST_NAME}")
-        etags = {}
-        if any(f.etag is None for f in manifest.files):
-            etags = {o.key: o.etag for o in await store.list_model(self.ref)}
-        files = []
-        for f in manifest.files:
-            key = self.ref.prefix + f.path
-            etag = f.etag or etags.get(key)
-            if etag is None:
-                raise NotFoundError(
-                    f"not found: s3://{self.ref.bucket}/{key} is in the manifest but not in "
-                    "the bucket; republish the model"
-                )
-            files.append(RemoteFile(key, f.path, f.size_bytes, etag, f.xxh3_128))
-        return files
-
-    def _remote(self, obj: ObjectInfo) -> RemoteFile:
-        path = self.ref.relative_key(obj.key)
-        safe_relative_path(path)
-        return RemoteFile(obj.key, path, obj.size_bytes, obj.etag)
+        """The model's files: from its manifest (with digests) or from a listing of a whole model."""
+        return await source_files(backends.store, self.ref, self.manifest_mode)
 
     # -- one file ----------------------------------------------------------------
 

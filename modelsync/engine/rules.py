@@ -19,12 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from modelsync.config import Settings
+from modelsync.core.completeness import ManifestMode, ManifestRule, resolve_manifest_rule
 from modelsync.core.refs import ModelRef
 from modelsync.core.signature import Mode, SignatureRule, Trust, resolve
 
 if TYPE_CHECKING:
     from modelsync.config_values import CacheBudget
     from modelsync.core.schedule import Schedule
+
+
+_IF_PRESENT = ManifestRule("", ManifestMode.IF_PRESENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,8 @@ class PullRules:
     signature: SignatureRule
     #: hold the model in use this many seconds once it is ready; None: no lease
     lease_s: float | None = None
+    #: the manifest policy for `source`: whether a prefix without a manifest may be pulled
+    manifest: ManifestRule = _IF_PRESENT
 
     @property
     def signed_only(self) -> bool:
@@ -78,9 +84,10 @@ def pull_rules(
     `signature_rules`, and the settings' global mode; trust and identities are
     inherited from the nearest rule that names them (core/signature.py `resolve`).
 
-    A new per-scope rule (a manifest policy `required | if-present`, say) is one more
-    field of `PullRules`, resolved here from the settings and the schedule entry the
-    same way; no entry changes, and none can miss it.
+    Manifest policy (core/completeness.py): the most specific of the settings'
+    `manifest_rules`, then the global `manifest`. A new per-scope rule is one more
+    field of `PullRules`, resolved here the same way; no entry changes, and none can
+    miss it.
     """
     scheduled = _scheduled_rules(schedule, source)
     trust = Trust(
@@ -88,7 +95,11 @@ def pull_rules(
     )
     default = SignatureRule("", settings.signature, trust)
     signature = resolve((*scheduled, default, *settings.signature_rules), source)
-    return PullRules(source=source, settings=settings, signature=signature, lease_s=lease_s)
+    # the settings' global mode last: a rule for every scope ("*") overrides it
+    manifest = resolve_manifest_rule((*settings.manifest_rules, ManifestRule("", settings.manifest)), source)
+    return PullRules(
+        source=source, settings=settings, signature=signature, lease_s=lease_s, manifest=manifest
+    )
 
 
 def _scheduled_rules(schedule: Schedule | None, source: ModelRef) -> tuple[SignatureRule, ...]:

@@ -23,6 +23,7 @@ import asyncio
 import calendar
 import contextlib
 import fcntl
+import io
 import socket
 import struct
 import termios
@@ -453,6 +454,9 @@ class FaultProxy(Service):
     async def _respond(
         self, request: web.BaseRequest, entry: _Entry, fault: Fault | None
     ) -> web.StreamResponse:
+        if request.headers.get("Expect", "").lower() == "100-continue" and request.writer is not None:
+            # the low-level server does not answer it (a routed app would): an SDK upload waits for it
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await request.content.read()
         if fault is None and self._enforce_expiry and _presign_expired(request.raw_path):
             fault = Fault("status403")
@@ -522,7 +526,7 @@ class FaultProxy(Service):
             request.method,
             URL(self._upstream + request.raw_path, encoded=True),
             headers=headers,
-            data=body if body else None,
+            data=io.BytesIO(body) if body else None,  # bytes over 1 MiB would warn: they block the loop
             skip_auto_headers=_NO_AUTO_HEADERS,
             allow_redirects=False,
         )

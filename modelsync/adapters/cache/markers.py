@@ -7,6 +7,7 @@ in a marker's mtime, best effort: a read-only consumer must still get its path.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 from dataclasses import dataclass
@@ -57,9 +58,22 @@ class Markers(Layout):
         return _stamped_at(self.verified_dir / ref.slug)
 
     def lease(self, ref: ModelRef, until: float) -> None:
+        """Hold the model until `until`, or later if another holder's lease runs longer.
+
+        Leases combine: the model stays held until the latest expiry any holder asked
+        for, so a short lease never cuts a longer one short. The read and the write
+        happen under a lock on the leases directory, so two holders never both win.
+        """
         marker = self.leases_dir / ref.slug
         with fs.storage_errors(marker):
-            fs.write_atomic(marker, json.dumps({"until": until}).encode())
+            fd = fs.open_dir(self.leases_dir)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held = self.lease_until(ref)
+                if held is None or until > held:
+                    fs.write_atomic(marker, json.dumps({"until": until}).encode())
+            finally:
+                os.close(fd)  # closing the descriptor releases the lock
 
     def lease_until(self, ref: ModelRef) -> float | None:
         try:

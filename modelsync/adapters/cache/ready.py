@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from modelsync.adapters import fs
@@ -249,6 +250,55 @@ class ReadyModels(Markers):
         for doomed in self.unfinished_removals(ref):
             with fs.storage_errors(doomed):
                 fs.remove_tree(doomed)
+
+    def remove_ready_keeping(self, ref: ModelRef, inside: Sequence[ModelRef]) -> None:
+        """`remove_ready` for a model that holds ready models `inside` it (a cache from before
+        models could not nest): they stay ready where they are, only the rest goes."""
+        doomed = self.trash_dir / f"{ref.slug}-{os.getpid()}-{os.urandom(4).hex()}"
+        self._take_out(ref, inside, doomed)
+        with contextlib.suppress(FileNotFoundError):
+            self.record_path(ref).unlink()
+        fs.remove_tree(doomed)  # last, as in `remove_ready`: `finish_removal` ends what a stop leaves
+
+    def quarantine_keeping(self, ref: ModelRef, record: CompletionRecord, inside: Sequence[ModelRef]) -> None:
+        """`quarantine` for a model that holds ready models `inside` it: they stay ready where
+        they are; the rest of its files and its record are kept in quarantine, destroying nothing."""
+        target = self.quarantine_dir / ref.slug
+        fs.remove_tree(target)
+        with fs.storage_errors(target):
+            fs.write_atomic(self.quarantined_record_path(ref), render_record(record))
+            self._take_out(ref, inside, target)
+            self.record_path(ref).unlink(missing_ok=True)
+
+    def _take_out(self, ref: ModelRef, inside: Sequence[ModelRef], target: Path) -> None:
+        """Rename the model's directory to `target`, then each model `inside` it (the outermost
+        ones: those inside them come along) back to its ready path.
+
+        Each inner model is away from its ready path only between the two renames (its
+        readers keep their open files); the caller holds the locks of all of them.
+        """
+        with fs.storage_errors(self.ready_path(ref)):
+            parent = self._open_parent(ref, create=False)
+            try:
+                _rename_between(parent, ref.cache_path.name, target.parent, target.name)
+            finally:
+                os.close(parent)
+            for inner in inside:
+                relative = PurePosixPath(*inner.cache_path.parts[len(ref.cache_path.parts) :])
+                moved = fs.open_dir(target)
+                try:
+                    source = fs.open_dir_beneath(moved, relative.parent, create=False)
+                finally:
+                    os.close(moved)
+                try:
+                    back = self._open_parent(inner, create=True)
+                    try:
+                        os.rename(relative.name, inner.cache_path.name, src_dir_fd=source, dst_dir_fd=back)
+                        os.fsync(back)
+                    finally:
+                        os.close(back)
+                finally:
+                    os.close(source)
 
     def _open_parent(self, ref: ModelRef, create: bool) -> int:
         """The ready path's parent directory, reached without following any symlink."""

@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import xxhash
 from support.fakes import FakeFetcher, FakeStore, cut_after, fake_backends, hang_until_closed
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.foreground import live_foreground
 from modelsync.config import Settings
+from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import NoEvents
@@ -28,7 +30,7 @@ from modelsync.engine.ports import Backends
 from modelsync.engine.ready import readiness, warm_path
 from modelsync.engine.rules import pull_rules
 from modelsync.engine.throttle import StoreGate
-from modelsync.errors import ChecksumMismatchError, PullCancelledError
+from modelsync.errors import ChecksumMismatchError, ObjectChangedError, PullCancelledError, SizeMismatchError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -321,6 +323,30 @@ def test_an_object_replaced_during_the_pull_is_fetched_again_whole_at_its_new_ve
     assert (result.path / "weights.bin").read_bytes() == replaced
     record = Cache(settings.cache_dir).ready_record(REF)
     assert record is not None and record.files[0].etag == store.etag(REF.bucket, key)
+
+
+def test_an_answer_that_calls_an_unchanged_object_changed_is_a_misstated_size_when_the_sizes_differ(
+    settings: Settings, fetcher: FakeFetcher
+) -> None:
+    """A store that refuses a range past the end without its size (a 416 with no Content-Range) reads
+    as a changed object; the head then shows the same ETag at another size: the manifest is wrong,
+    whichever part's answer came first, and nothing is fetched again at the store's size."""
+    store = fetcher.store
+    store.objects.clear()
+    key = REF.prefix + "weights.bin"
+    entry = FileEntry("weights.bin", 3 * len(WEIGHTS), xxhash.xxh3_128_hexdigest(WEIGHTS),
+                      store.put(REF, "weights.bin", WEIGHTS))
+    store.put(REF, MANIFEST_NAME, render_manifest([entry]))
+
+    def range_past_the_end(*_: object) -> None:
+        raise ObjectChangedError(f"s3://{REF.bucket}/{key}: 416 Range Not Satisfiable")
+
+    fetcher.faults[key] = [range_past_the_end]
+
+    said = f"the store holds {len(WEIGHTS)} bytes, but the manifest says {3 * len(WEIGHTS)}"
+    with pytest.raises(SizeMismatchError, match=said):
+        ensure(settings, store, fetcher)
+    assert Cache(settings.cache_dir).ready_record(REF) is None
 
 
 @pytest.mark.parametrize(("signed_only", "ready"), [(False, True), (True, False)])

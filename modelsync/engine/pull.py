@@ -47,6 +47,7 @@ from modelsync.core.verify import (
     after_corrupt_fetch,
     check_file,
     md5_part_bytes,
+    misstated_size,
     needs_first_part,
     restart,
     unchanged,
@@ -342,6 +343,9 @@ class _Puller:
                     raise
                 changed = True
                 fresh = await self.window.store.head(self.ref.bucket, f.key)
+                if fresh.etag == f.etag and fresh.size_bytes != f.size_bytes:
+                    # the same object at another size: the manifest is wrong, whichever part saw it first
+                    raise misstated_size(f"s3://{self.ref.bucket}/{f.key}", f, fresh.size_bytes) from None
                 work = restart(work, replace(f, size_bytes=fresh.size_bytes, etag=fresh.etag))
                 self.window.forget_url(f)
 

@@ -13,6 +13,9 @@ from the cluster are done here and only here:
   secretKeyRef reads), under a name of this session's;
 - `fieldRef: spec.nodeName` (no downward API in podman 4.3): the node's name as a value;
 - init containers are kept after they ran (a podman annotation), for their logs;
+- a declared containerPort is published on a free host port: podman 4.3 publishes it on the
+  host under its own number, where the suite's daemons on the host listen too (9477); the
+  tier reaches the pod at its IP, as the kubelet's probes and Prometheus do;
 - pod and ConfigMap names carry the session's id, so sessions on one machine never
   collide (podman keeps a ConfigMap volume as a named volume, the ConfigMap's name).
 
@@ -27,6 +30,7 @@ import base64
 import copy
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,12 @@ from support.podman import SESSION, Podman
 Obj = dict[str, Any]
 SECRET = "modelsync-s3-credentials"
 CACHE_GROUP = 10001
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        return int(probe.getsockname()[1])
 
 
 def prepare_cache(path: Path) -> Path:
@@ -111,6 +121,8 @@ class Node:
         for container in [*spec.get("initContainers", []), *spec["containers"]]:
             if container["image"] == IMAGE:
                 container["image"] = self.image
+            for port in container.get("ports", []):
+                port["hostPort"] = free_port()
             for source in container.get("envFrom", []):
                 self._rename(source["configMapRef"])
             for var in container.get("env", []):

@@ -195,6 +195,7 @@ def pool_json(plan: PoolPlan) -> dict[str, object]:
             {
                 "model": m.alone.model_id,
                 "label": m.alone.label,
+                "variant": m.alone.variant,
                 "node_ready_at": iso(m.alone.ready_at),
                 "node_ready_before_window_s": m.alone.margin_s,
                 "pool_ready_at": iso(m.last.ready_at),
@@ -231,7 +232,7 @@ def render_pool(plan: PoolPlan) -> list[str]:
             f"is under {_rate(MIN_RATE_CAP_BYTES_PER_S)}, the smallest cap (--max-bandwidth 0 means no cap)"
         )
     if plan.store_late:
-        names = ", ".join(m.alone.label for m in plan.store_late)
+        names = ", ".join(m.alone.shown for m in plan.store_late)
         lines.append(f"LATE: the store makes {len(plan.store_late)} model(s) miss the window: {names}")
     if not plan.models:
         return lines
@@ -242,7 +243,7 @@ def render_pool(plan: PoolPlan) -> list[str]:
             pool_note = "LATE: " + pool_note
         if m.suggested_lead_s is not None:
             pool_note += f" (lead {format_duration(m.suggested_lead_s)} would fit)"
-        rows.append((m.alone.label, m.alone.note(plan.at) or "-", pool_note))
+        rows.append((m.alone.shown, m.alone.note(plan.at) or "-", pool_note))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines.append("")
     lines += [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}".rstrip() for r in rows]

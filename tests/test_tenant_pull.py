@@ -179,7 +179,7 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
 ) -> None:
     env = moto_subprocess_s3_env.subprocess_env()
     cache = ["--cache-dir", str(served.cache)]
-    staged = {"model": "models/org/served/r1", "name": "served"}
+    staged = {"model": "models/org/served/r1", "name": "served", "variant": ""}
     wait_for(lambda: served.metric("modelsync_model_staged", **staged) == 0, what="the gauge shows it cold")
     refused = run_cli(env, "prefetch", UNLISTED, *cache)
     assert refused.returncode == ExitCode.NOT_ALLOWED

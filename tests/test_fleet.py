@@ -9,6 +9,13 @@ spread, 503s, bytes served) are printed for the closing note.
 
 MODELSYNC_FLEET_NODES (default 8) and MODELSYNC_FLEET_RPS (default 10) change the
 pool and the budget.
+
+The second test measures the pool plan: 16 nodes (MODELSYNC_FLEET_PLAN_NODES) pull a
+96 MiB model (MODELSYNC_FLEET_MODEL_MIB) through a store whose egress is capped at
+64 MiB/s in total (MODELSYNC_FLEET_EGRESS_MIB; tests/support/egress.py), and print
+`modelsync plan --nodes N --store-bandwidth` beside what they measure. The cap and the
+model are small because the machine is small and shared: 16 Python start-ups alone
+take seconds of its two cores.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def plan_of(env: dict[str, str], schedule: Path, cache: Path, *flags: str) -> tu
 @pytest.mark.xfail(
     strict=True,
     reason="a store that sheds load with 503 SlowDown while saturated loses egress to the nodes' backoff: "
-    "measured +38% to +61% against the plan, and nodes capped at exactly the share still draw 503s "
+    "measured +19% to +61% against the plan, and nodes capped at exactly the share still draw 503s "
     "(docs/schedule.md, 'What the pool plan leaves out')",
 )
 def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its_suggested_cap(

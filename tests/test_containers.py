@@ -273,7 +273,9 @@ def test_the_daemon_pod_answers_its_probes_and_its_metrics_show_the_staged_model
     for path in ("/healthz", "/readyz"):
         with _DIRECT.open(daemon.url + path, timeout=5) as response:
             assert response.status == 200, path
-    assert metrics(daemon.url)[("modelsync_model_staged", (("model", scheduled().model_id),))] == 1
+    staged = {dict(labels)["model"]: value for (name, labels), value in metrics(daemon.url).items()
+              if name == "modelsync_model_staged"}  # fmt: skip
+    assert staged[scheduled().model_id] == 1
     ready = Cache(node.cache).ready_path(scheduled())
     assert {p.name: p.read_bytes() for p in ready.iterdir()} == FILES
 

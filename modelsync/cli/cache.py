@@ -67,10 +67,11 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     from modelsync.api import scheduled_names
 
     names = scheduled_names(settings.cache_dir)
+    unnamed: dict[str, str | None] = {"name": None, "variant": None}
     if as_json:
         doc = {
             "models": [
-                {**_as_dict(v), "evictable_at": _iso(evictable[v.model]), **names.get(v.model, {"name": None, "variant": None})}
+                {**_as_dict(v), "evictable_at": _iso(evictable[v.model]), **names.get(v.model, unnamed)}
                 for v in views
             ],
             "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},

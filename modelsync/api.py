@@ -13,6 +13,8 @@ One request per connection:
        with "wait": false, a model not ready yet is {"model": "b/q", "queued": true}
     -> {"op": "pull", "model": "s3://b/p/", "lease_s": 28800}      (a tenant pod's pull; lease_s optional)
     <- {"ok": true, "model": "b/p", "path": "/model-cache/b/p"}
+    -> {"op": "pull", "name": "qwen3-32b", "lease_s": 28800}       (by name: this node's pool's variant)
+    <- {"ok": true, "model": "b/q", "path": "/model-cache/b/q"}
     -> {"op": "status"}
     <- {"ok": true, "pool": "...", "ready": true, "paused": false, "current": "b/p", "plan": {...}}
 
@@ -290,6 +292,20 @@ def pull_via_daemon(cache_root: Path, ref: ModelRef, lease_s: float | None) -> P
     None when no daemon answers, so the caller can still hand out a model that
     is already ready. The daemon's refusal or failure is raised with its exit code.
     """
+    reply = _pull(cache_root, {"op": "pull", "model": ref.uri, "lease_s": lease_s})
+    return None if reply is None else Path(str(reply["path"]))
+
+
+def pull_name_via_daemon(cache_root: Path, name: str, lease_s: float | None) -> str | None:
+    """A pull by the schedule's name: the daemon stages its variant for this node's pool.
+
+    The model id (`bucket/prefix`) it chose; None when no daemon answers.
+    """
+    reply = _pull(cache_root, {"op": "pull", "name": name, "lease_s": lease_s})
+    return None if reply is None else str(reply["model"])
+
+
+def _pull(cache_root: Path, request: Message) -> Message | None:
     sock = socket_path(cache_root)
     if sock.exists() and not os.access(sock, os.R_OK | os.W_OK):
         raise LocalStorageError(
@@ -297,16 +313,14 @@ def pull_via_daemon(cache_root: Path, ref: ModelRef, lease_s: float | None) -> P
             f"(gid {sock.stat().st_gid}: add it to the pod's securityContext.supplementalGroups)"
         )
     try:
-        reply = call(sock, {"op": "pull", "model": ref.uri, "lease_s": lease_s})
+        reply = call(sock, request)
     except ConnectionError:
         raise LocalStorageError(
             "the node daemon stopped before answering; run the command again once it is back"
         ) from None
-    if reply is None:
-        return None
-    if not reply.get("ok"):
+    if reply is not None and not reply.get("ok"):
         raise error_from_reply(reply)
-    return Path(str(reply["path"]))
+    return reply
 
 
 def _answers(path: Path) -> bool:
@@ -318,3 +332,23 @@ def _answers(path: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+def scheduled_names(cache_root: Path) -> dict[str, dict[str, str | None]]:
+    """model id -> its schedule name and variant, from the node daemon's plan; empty without a daemon.
+
+    For `ls`: a daemon that does not answer within 2 s leaves the names out.
+    """
+    try:
+        reply = call(socket_path(cache_root), {"op": "status"}, timeout_s=2.0)
+    except (ConnectionError, OSError, ValueError):
+        return {}
+    plan = reply.get("plan") if reply is not None and reply.get("ok") else None
+    if not isinstance(plan, dict):
+        return {}
+    # an unnamed model's label is its source URI (or, unscheduled, its id)
+    return {
+        str(m["model"]): {"name": str(m["label"]), "variant": m.get("variant")}
+        for m in plan.get("models", [])
+        if m.get("label") != m.get("model") and not str(m.get("label")).startswith("s3://")
+    }

@@ -51,6 +51,7 @@ from modelsync.core.allow import allow_list
 from modelsync.core.plan_view import plan_json
 from modelsync.core.refs import ModelRef, parse_model_name
 from modelsync.core.schedule import Schedule
+from modelsync.core.schedule_variants import variant_for
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import cache_entries, remote_sizes
@@ -303,14 +304,19 @@ async def _tenant_pull(
     reconciler: Reconciler, prefixes: tuple[str, ...], request: api.Message
 ) -> api.Message:
     """`modelsync pull` from a pod that mounts the cache read-only: stage, then record the use and lease."""
-    model, lease_s = request.get("model"), request.get("lease_s")
-    if not isinstance(model, str):
-        raise UsageError("pull needs 'model': s3://bucket/prefix/")
+    model, name, lease_s = request.get("model"), request.get("name"), request.get("lease_s")
+    if not isinstance(model, str) and not isinstance(name, str):
+        raise UsageError("pull needs 'model': s3://bucket/prefix/, or 'name': a model name of the schedule")
     if lease_s is not None and (
         not isinstance(lease_s, int | float) or isinstance(lease_s, bool) or not 0 < lease_s <= MAX_LEASE_S
     ):
         raise UsageError(f"pull: 'lease_s' must be a number of seconds in (0, {MAX_LEASE_S:.0f}]")
-    (ref,) = _allowed(reconciler, prefixes, [model])
+    if isinstance(name, str):
+        if reconciler.schedule is None:
+            raise UsageError("the node daemon has no schedule loaded yet; a model name needs one")
+        ref = variant_for(reconciler.schedule, name, reconciler.config.pool).source
+    else:
+        (ref,) = _allowed(reconciler, prefixes, [str(model)])
     rules = reconciler.rules_for(ref, None if lease_s is None else float(lease_s))
     (future,) = reconciler.request([ref], preempt=True)
     path = await future

@@ -86,11 +86,14 @@ class DaemonMetrics:
         self.staged = Gauge(
             "modelsync_model_staged",
             "1 when the model (bucket/prefix) is ready in this node's cache, 0 when the pool wants it and it "
-            "is not: which nodes are warm for a model.",
-            ["model"],
+            "is not: which nodes are warm for a model. `name` is the schedule's name for it (else its URI), "
+            "`variant` which of the name's variants it is (empty when it has none).",
+            ["model", "name", "variant"],
             registry=r,
         )
-        self._staged_models: set[str] = set()
+        self._staged_models: set[tuple[str, str, str]] = set()
+        #: the schedule's name and variant of each model of the last plan, by model id
+        self._names: dict[str, tuple[str, str]] = {}
         self.fits = Gauge(
             "modelsync_schedule_fits_budget",
             "1 when the protected models and the fetches fit the budget, else 0.",
@@ -113,8 +116,9 @@ class DaemonMetrics:
         )
         self.ready_margin = Gauge(
             "modelsync_ready_before_window_seconds",
-            "Seconds a model became ready before its window opened; negative when late.",
-            ["model"],
+            "Seconds a model (bucket/prefix; `name` and `variant` as in modelsync_model_staged) became ready "
+            "before its window opened; negative when late.",
+            ["model", "name", "variant"],
             registry=r,
         )
         self.last_reconcile = Gauge(
@@ -160,24 +164,29 @@ class DaemonMetrics:
             counts[(m.phase, staged)] += 1
         for (phase, staged), count in counts.items():
             self.models.labels(state=phase.value, staged=staged).set(count)
-        self._observe_staged({m.model_id: m.action in (Action.KEEP, Action.EVICT) for m in plan.models})
+        self._names = {m.model_id: (m.label, m.variant or "") for m in plan.models}
+        kept = (Action.KEEP, Action.EVICT)
+        self._observe_staged({(m.model_id, m.label, m.variant or ""): m.action in kept for m in plan.models})
         self.cache_used.set(plan.used_bytes)
         self.cache_budget.set(plan.budget_bytes or 0)
         self.fits.set(1 if plan.fits else 0)
         self.last_reconcile.set(reconciled_at)
 
-    def _observe_staged(self, staged: dict[str, bool]) -> None:
+    def _observe_staged(self, staged: dict[tuple[str, str, str], bool]) -> None:
         """One series per model of the plan; a model that left the plan drops its series."""
-        for model in self._staged_models - staged.keys():
-            self.staged.remove(model)
-        for model, is_staged in staged.items():
-            self.staged.labels(model=model).set(1 if is_staged else 0)
+        for labels in self._staged_models - staged.keys():
+            self.staged.remove(*labels)
+        for (model, name, variant), is_staged in staged.items():
+            self.staged.labels(model=model, name=name, variant=variant).set(1 if is_staged else 0)
         self._staged_models = set(staged)
 
     def pull_succeeded(self, label: str, seconds: float, margin_s: float | None) -> None:
+        """`label` is the loop's name for the model: the schedule's name, else its id."""
         self.pull_duration.observe(seconds)
         if margin_s is not None:
-            self.ready_margin.labels(model=label).set(margin_s)
+            model = next((m for m, (name, _) in self._names.items() if name == label), label)
+            variant = self._names.get(model, (label, ""))[1]
+            self.ready_margin.labels(model=model, name=label, variant=variant).set(margin_s)
 
     def pull_failed(self, code: str, integrity: bool) -> None:
         self.pull_failures.labels(code=code).inc()

@@ -378,6 +378,12 @@ MISTAKES = [
     Mistake(
         "unsafe-prefix", ("pull", "s3://models/a/../../etc/", "--cache-dir", "{cache}"), USAGE, ("unsafe",)
     ),
+    Mistake(
+        "name-without-a-daemon",
+        ("pull", "qwen3-32b", "--cache-dir", "{cache}"),
+        ExitCode.LOCAL_STORAGE,
+        ("a model name is resolved by the node's daemon", "give the s3:// source"),
+    ),
     # -- settings, from flags, variables and files
     Mistake("part-size-zero", (*PULL, "--part-size", "0"), USAGE, ("--part-size: part size 0 B is under",)),
     Mistake("part-size-not-a-size", (*PULL, "--part-size", "big"), USAGE, ("--part-size", "'big'")),

@@ -50,6 +50,7 @@ from support.seaweedfs import Identity, SeaweedFS
 from modelsync.adapters.cache import Cache
 from modelsync.core.plan import start_jitter_s
 from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.schedule import load_schedule
 
 pytestmark = [pytest.mark.containers, pytest.mark.xdist_group("containers"), pytest.mark.timeout(900)]
 
@@ -74,9 +75,8 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def scheduled() -> ModelRef:
     """The rendered schedule's model for the pool (windows: always)."""
     (configmap,) = [o for o in cluster("datacenter") if o["metadata"]["name"] == "modelsync-schedule"]
-    schedule = yaml.safe_load(configmap["data"]["schedule.yaml"])
-    (source,) = [m["source"] for m in schedule["models"] if POOL in m["pools"]]
-    return parse_source(source)
+    (model,) = load_schedule(configmap["data"]["schedule.yaml"], "schedule.yaml").for_pool(POOL)
+    return model.source
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -273,7 +273,9 @@ def test_the_daemon_pod_answers_its_probes_and_its_metrics_show_the_staged_model
     for path in ("/healthz", "/readyz"):
         with _DIRECT.open(daemon.url + path, timeout=5) as response:
             assert response.status == 200, path
-    assert metrics(daemon.url)[("modelsync_model_staged", (("model", scheduled().model_id),))] == 1
+    staged = {dict(labels)["model"]: value for (name, labels), value in metrics(daemon.url).items()
+              if name == "modelsync_model_staged"}  # fmt: skip
+    assert staged[scheduled().model_id] == 1
     ready = Cache(node.cache).ready_path(scheduled())
     assert {p.name: p.read_bytes() for p in ready.iterdir()} == FILES
 
@@ -327,19 +329,21 @@ def test_the_vllm_examples_init_container_pulls_through_the_socket_and_another_u
     stage = by_name(spec["initContainers"])["stage-weights"]
     assert stage["image"] == IMAGE and not [v for v in stage.get("env", []) if v["name"].startswith("AWS_")]
     vllm = by_name(spec["containers"])["vllm"]
-    ready_path = vllm["args"][0]
+    served = vllm["args"][0]  # the init container's link to the pool's variant of the model
+    ready_path = "/model-cache/" + scheduled().model_id
+    mounts = ("model-cache", "model-link")
     # vLLM's place: the modelsync image's Python, with vLLM's uid, mounts and securityContext.
     # The script travels base64-encoded: podman 4.3's YAML reader fails on a multi-line command.
     run_consumer = f"import base64; exec(base64.b64decode({base64.b64encode(CONSUMER.encode()).decode()!r}))"
     consumer = {
-        "name": "consumer", "image": IMAGE, "command": ["python", "-c", run_consumer], "args": [ready_path],
+        "name": "consumer", "image": IMAGE, "command": ["python", "-c", run_consumer], "args": [served],
         "securityContext": vllm["securityContext"],
-        "volumeMounts": [m for m in vllm["volumeMounts"] if m["name"] == "model-cache"],
+        "volumeMounts": [m for m in vllm["volumeMounts"] if m["name"] in mounts],
     }
     # One pod run to completion (a Deployment's restarts would repeat it); the keep-lease
     # sidecar is left out: podman 4.3 has no native sidecars, it would block the init phase.
     pod = node.play("vllm-qwen3-32b", template, initContainers=[stage], containers=[consumer],
-                    restartPolicy="Never", volumes=[v for v in spec["volumes"] if v["name"] == "model-cache"])
+                    restartPolicy="Never", volumes=[v for v in spec["volumes"] if v["name"] in mounts])
     code = podman.exit_code(f"{pod}-consumer")
     logs = podman("logs", f"{pod}-consumer")
     assert code == 0, logs.stderr

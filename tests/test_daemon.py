@@ -59,7 +59,9 @@ def test_daemon_stages_a_model_before_its_window_and_reports_it_in_metrics(
     assert daemon.get("/other")[0] == 404
     total = sum(len(d) for d in files.values())
     assert daemon.metric("modelsync_fetched_bytes_total") == total
-    margin = daemon.metric("modelsync_ready_before_window_seconds", model="m1")
+    margin = daemon.metric(
+        "modelsync_ready_before_window_seconds", model="models/org/m1/r1", name="m1", variant=""
+    )
     assert margin is not None and 60 < margin < 200, "ready 1-3 minutes before the window opens"
     wait_for(
         lambda: daemon.metric("modelsync_models", state="prefetch", staged="true") == 1,

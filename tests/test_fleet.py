@@ -9,18 +9,30 @@ spread, 503s, bytes served) are printed for the closing note.
 
 MODELSYNC_FLEET_NODES (default 8) and MODELSYNC_FLEET_RPS (default 10) change the
 pool and the budget.
+
+The second test measures the pool plan: 16 nodes (MODELSYNC_FLEET_PLAN_NODES) pull a
+96 MiB model (MODELSYNC_FLEET_MODEL_MIB) through a store whose egress is capped at
+64 MiB/s in total (MODELSYNC_FLEET_EGRESS_MIB; tests/support/egress.py), and print
+`modelsync plan --nodes N --store-bandwidth` beside what they measure. The cap and the
+model are small because the machine is small and shared: 16 Python start-ups alone
+take seconds of its two cores.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.cli import publish
+from support.cli import publish, run_cli
+from support.egress import EgressCap, NodeTraffic
 from support.faultproxy import FaultProxy, Throttle
-from support.fleet import fleet_figures, run_fleet
+from support.fleet import NodeResult, fleet_figures, run_fleet
 from support.s3env import S3Env
 from support.seaweedfs import SeaweedFS
 
@@ -78,3 +90,130 @@ def test_a_pool_of_nodes_pulls_one_model_through_a_throttling_store_and_every_no
             assert (ready / name).read_bytes() == data, (result.node, name)
     assert figures.throttled > 0, "the budget never bit: the test proved nothing about throttling"
     assert figures.bytes_served >= NODES * model_bytes
+
+
+# --- the pool plan against a measured pool ------------------------------------------------------
+
+#: nodes, the store's egress (MiB/s) and the model (MiB) of the measured pool; see the module note
+PLAN_NODES = int(os.environ.get("MODELSYNC_FLEET_PLAN_NODES", "16"))
+EGRESS_MIB_S = int(os.environ.get("MODELSYNC_FLEET_EGRESS_MIB", "64"))
+MODEL_MIB = int(os.environ.get("MODELSYNC_FLEET_MODEL_MIB", "96"))
+#: the plan's "last node done" may differ this much from the measured one
+PLAN_TOLERANCE = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRun:
+    """One measured pool: node exits, and what the store's egress saw per node."""
+
+    label: str
+    results: list[NodeResult]
+    traffic: list[NodeTraffic]
+    #: seconds from the fleet's start to the store's first GET
+    first_get_s: float
+
+    @property
+    def last_done_s(self) -> float:
+        """From the store's first GET, when the pool starts pulling (process start-up before it is not
+        the plan's: on this shared machine 16 Python start-ups take seconds)."""
+        return max(r.finished_s for r in self.results) - self.first_get_s
+
+    @property
+    def start_spread_s(self) -> float:
+        starts = [t.first_get_at for t in self.traffic if t.first_get_at is not None]
+        return max(starts) - min(starts)
+
+    @property
+    def throttled(self) -> int:
+        return sum(t.throttled for t in self.traffic)
+
+    def lines(self, plan_last_s: float) -> list[str]:
+        done = [r.finished_s - self.first_get_s for r in self.results]
+        served = [t.bytes_served / MiB for t in self.traffic]
+        off = (self.last_done_s - plan_last_s) / plan_last_s
+        return [
+            f"{self.label} (times from the store's first GET, {self.first_get_s:.1f} s after the spawn):",
+            f"  plan: last node done      {plan_last_s:7.1f} s",
+            f"  measured: first node done {min(done):7.1f} s",
+            f"  measured: last node done  {max(done):7.1f} s   ({off:+.1%} against the plan)",
+            f"  measured: spread          {max(done) - min(done):7.1f} s   (first GETs spread over "
+            f"{self.start_spread_s:.1f} s)",
+            f"  served per node:          min {min(served):.1f} MiB, max {max(served):.1f} MiB, "
+            f"mean {sum(served) / len(served):.1f} MiB (model {MODEL_MIB} MiB)",
+            f"  503 SlowDown sent:        {self.throttled} (GETs {sum(t.gets for t in self.traffic)})",
+            f"  failed pulls:             {sum(1 for r in self.results if r.returncode != 0)}",
+        ]
+
+
+def plan_of(env: dict[str, str], schedule: Path, cache: Path, *flags: str) -> tuple[str, dict[str, Any]]:
+    """`modelsync plan --nodes N --store-bandwidth EGRESS` for the pool, as text and as JSON."""
+    args = ("plan", "--schedule", str(schedule), "--pool", "fleet", "--nodes", str(PLAN_NODES),
+            "--store-bandwidth", f"{EGRESS_MIB_S}Mi/s", *flags)  # fmt: skip
+    text = run_cli(env, *args, cache_dir=cache)
+    as_json = run_cli(env, *args, "--json", cache_dir=cache)
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    pool: dict[str, Any] = json.loads(as_json.stdout)["pool_wide"]
+    return text.stdout, pool
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a store that sheds load with 503 SlowDown while saturated loses egress to the nodes' backoff: "
+    "measured +19% to +61% against the plan, and nodes capped at exactly the share still draw 503s "
+    "(docs/schedule.md, 'What the pool plan leaves out')",
+)
+def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its_suggested_cap(
+    tmp_path: Path,
+    seaweedfs: SeaweedFS,
+    seaweed_admin: S3Env,
+    seaweed_reader: S3Env,
+    seaweed_bucket: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """N node caches pull one model through a store whose egress is capped in bytes per second;
+    `plan --nodes N --store-bandwidth CAP` is printed beside what they measure, and must be within
+    PLAN_TOLERANCE of the last node. Then again, each node capped at the plan's suggested
+    `--max-bandwidth`: the store sends no 503 and the last node is not later."""
+    assert PLAN_NODES >= 16, "the measured pool is at least 16 nodes"
+    files = {f"model-{i:05d}-of-00004.safetensors.bin": os.urandom(MODEL_MIB * MiB // 4) for i in range(4)}
+    ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/pool/rev1/", files)
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text(
+        f"version: 1\nmodels:\n  - name: pool-model\n    source: {ref.uri}\n    pools: [fleet]\n"
+        "    windows: [always]\n"
+    )
+    direct = seaweed_reader.subprocess_env()
+    empty = tmp_path / "empty-cache"
+    plan_text, plan = plan_of(direct, schedule, empty)
+    suggested = str(plan["suggested_max_bandwidth"])
+    capped_text, capped_plan = plan_of(direct, schedule, empty, "--max-bandwidth", suggested)
+
+    runs = []
+    with EgressCap(seaweedfs.endpoint_url, EGRESS_MIB_S * MiB, PLAN_NODES) as store:
+        cap = ("--max-bandwidth", suggested)
+        for label, extra in (("uncapped", ()), (f"each node --max-bandwidth {suggested}", cap)):
+            store.reset()
+            envs = [seaweed_reader.via(store.endpoint_url(i)).subprocess_env() for i in range(PLAN_NODES)]
+            caches = [tmp_path / label.split()[0] / f"node-{i:03d}" for i in range(PLAN_NODES)]
+            started = time.monotonic()
+            results = run_fleet(envs, ref.uri, caches, "--part-size", "4Mi", *extra)
+            first_get_s = (store.first_get_s or started) - started
+            runs.append(PoolRun(label, results, list(store.traffic), first_get_s))
+    uncapped, capped = runs
+    with capsys.disabled():
+        print(f"\n$ modelsync plan --nodes {PLAN_NODES} --store-bandwidth {EGRESS_MIB_S}Mi/s ...")
+        print(plan_text.split("\n\n", 1)[-1].rstrip())
+        print(f"$ modelsync plan ... --max-bandwidth {suggested}")
+        print(capped_text.split("\n\n", 1)[-1].rstrip())
+        print("\n".join([*uncapped.lines(plan["fill_s"]), *capped.lines(capped_plan["fill_s"])]))
+
+    for run in runs:
+        failed = {r.node: r.stderr.strip()[-300:] for r in run.results if r.returncode != 0}
+        assert failed == {}, f"{run.label}: {failed}"
+        for result in run.results:
+            assert result.stdout.splitlines()[-1] == str(Cache(result.cache).ready_path(ref))
+    for run, predicted in ((uncapped, plan["fill_s"]), (capped, capped_plan["fill_s"])):
+        off = abs(run.last_done_s - predicted) / predicted
+        assert off <= PLAN_TOLERANCE, f"{run.label}: last node {run.last_done_s:.1f} s, plan {predicted:.1f}"
+    assert capped.throttled == 0, "nodes capped at the store's share must draw no 503"
+    assert capped.last_done_s <= uncapped.last_done_s, "the suggested cap must not make the pool later"

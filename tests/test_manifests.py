@@ -48,6 +48,8 @@ from typer.testing import CliRunner
 from modelsync import api
 from modelsync.cli import app
 from modelsync.config import Settings
+from modelsync.core.schedule import load_schedule
+from modelsync.core.schedule_variants import variant_for
 from modelsync.metrics import DaemonMetrics
 
 CLUSTERS = {"datacenter": ("a100-serving", "b300-serving"), "spark": ("spark-serving",)}
@@ -93,23 +95,31 @@ def workloads() -> Iterator[tuple[str, str, Obj]]:
         for kind in JOB_KINDS:
             yield f"job:{kind}:{pool}", pool, rendered_job(kind, pool)
     for obj in examples():
-        yield f"example:{obj['kind']}/{obj['metadata']['name']}", selected_pool(pod_spec(obj)), obj
+        for pool in selected_pools(pod_spec(obj)):
+            yield f"example:{obj['kind']}/{obj['metadata']['name']}", pool, obj
 
 
 def selected_pool(spec: Obj) -> str:
-    """The pool a pod spec selects, through nodeSelector or a required node affinity."""
-    pools = set()
+    """The one pool a pod spec selects."""
+    pools = selected_pools(spec)
+    assert len(pools) == 1, f"selects pools {pools or 'none'}, expected exactly one"
+    return pools[0]
+
+
+def selected_pools(spec: Obj) -> list[str]:
+    """The pools a pod spec selects, through nodeSelector or a required node affinity, in order."""
+    pools: list[str] = []
     if "accelerator.pool" in spec.get("nodeSelector", {}):
-        pools.add(spec["nodeSelector"]["accelerator.pool"])
+        pools.append(spec["nodeSelector"]["accelerator.pool"])
     required = spec.get("affinity", {}).get("nodeAffinity", {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution", {}
     )
     for term in required.get("nodeSelectorTerms", []):
         for expr in term.get("matchExpressions", []):
             if expr["key"] == "accelerator.pool" and expr["operator"] == "In":
-                pools.update(expr["values"])
-    assert len(pools) == 1, f"selects pools {pools or 'none'}, expected exactly one"
-    return pools.pop()
+                pools += expr["values"]
+    assert pools and len(pools) == len(set(pools)), f"selects pools {pools or 'none'}"
+    return pools
 
 
 # --------------------------------------------------------------------------- layout and validity
@@ -191,10 +201,12 @@ def test_every_object_validates_strictly_against_the_kubernetes_schemas(version:
 
 
 def assert_pool_contract(label: str, spec: Obj, pool: str) -> None:
-    assert selected_pool(spec) == pool, label
+    """`pool` is one of the pools the spec selects, and it tolerates exactly those pools' taints."""
+    pools = selected_pools(spec)
+    assert pool in pools, label
     assert spec.get("tolerations") == [
-        {"key": "dedicated", "operator": "Equal", "value": TAINTS[pool], "effect": "NoSchedule"}
-    ], f"{label} must tolerate exactly dedicated={TAINTS[pool]}:NoSchedule"
+        {"key": "dedicated", "operator": "Equal", "value": TAINTS[p], "effect": "NoSchedule"} for p in pools
+    ], f"{label} must tolerate exactly dedicated={'|'.join(TAINTS[p] for p in pools)}:NoSchedule"
     assert "nodeName" not in spec, f"{label}: nodeName bypasses the scheduler's taint and resource checks"
 
 
@@ -205,7 +217,8 @@ def test_every_workload_selects_its_pool_and_tolerates_exactly_its_taint() -> No
         seen.add((workload["kind"], pool))
     assert {("DaemonSet", p) for p in POOLS} <= seen
     assert {("Job", p) for p in POOLS} <= seen
-    assert ("Deployment", "a100-serving") in seen and ("InferenceService", "a100-serving") in seen
+    assert {("Deployment", p) for p in POOLS} <= seen, "the vLLM example serves on every pool"
+    assert ("InferenceService", "a100-serving") in seen
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -357,18 +370,29 @@ def test_tenant_pods_hold_no_s3_credentials_and_mount_the_cache_read_only() -> N
 
 
 def test_tenant_pulls_name_a_scheduled_source_and_vllm_reads_its_ready_path() -> None:
-    schedule = yaml.safe_load(configmap("modelsync-schedule")["data"]["schedule.yaml"])
-    sources = {m["source"] for m in schedule["models"]}
+    """A source of the schedule, read at its ready path; or a name with a variant for every pool the
+    pod selects, read through the link the init container makes."""
+    schedule = load_schedule(configmap("modelsync-schedule")["data"]["schedule.yaml"], "schedule.yaml")
+    sources = {m.source.uri for m in schedule.models}
+    by_names = 0
     for label, spec in tenant_specs():
         init = by_name(spec["initContainers"])["stage-weights"]
-        assert init["args"][0] == "pull" and "--lease" in init["args"]
-        source = init["args"][1]
-        assert source in sources, f"{label}: the daemon refuses sources outside the schedule"
-        ready = f"{CACHE}/{source.removeprefix('s3://').rstrip('/')}"
         server = spec["containers"][0]
-        assert ready in server["args"], label
+        (pull,) = container_commands(init)
+        assert pull[0] == "pull" and "--lease" in pull
+        model = pull[1]
+        if model.startswith("s3://"):
+            assert model in sources, f"{label}: the daemon refuses sources outside the schedule"
+            assert f"{CACHE}/{model.removeprefix('s3://').rstrip('/')}" in server["args"], label
+        else:
+            by_names += 1
+            for pool in selected_pools(spec):
+                assert variant_for(schedule, model, pool), f"{label}: {model} has no variant for {pool}"
+            (link,) = re.findall(r'ln -sfn "\$path" (\S+)', init["args"][0])
+            assert link in server["args"], label
         keeper = by_name(spec["initContainers"])["keep-lease"]
-        assert keeper["restartPolicy"] == "Always" and source in keeper["args"][0]
+        assert keeper["restartPolicy"] == "Always" and model in keeper["args"][0]
+    assert by_names == 1, "the vLLM example serves one name on every pool"
 
 
 def configmap(name: str) -> Obj:
@@ -394,13 +418,17 @@ def modelsync_invocations() -> Iterator[tuple[str, list[str]]]:
         for container in containers(pod_spec(workload)):
             if "modelsync" not in container["image"]:
                 continue
-            if container.get("command", [])[:2] == ["/bin/sh", "-c"]:
-                script = container["args"][0]
-                for line in re.findall(r"modelsync ([^;&|>]*)", script):
-                    yield f"{label}/{container['name']}", shlex.split(line)
-            else:
-                assert "command" not in container, "the image's entrypoint is modelsync"
-                yield f"{label}/{container['name']}", container["args"]
+            for args in container_commands(container):
+                yield f"{label}/{container['name']}", args
+
+
+def container_commands(container: Obj) -> list[list[str]]:
+    """The modelsync commands a container runs: its args, or each `modelsync ...` of its shell script."""
+    if container.get("command", [])[:2] == ["/bin/sh", "-c"]:
+        script = container["args"][0]
+        return [shlex.split(line) for line in re.findall(r"modelsync ([^;&|>)]*)", script)]
+    assert "command" not in container, "the image's entrypoint is modelsync"
+    return [container["args"]]
 
 
 def test_every_command_and_flag_the_manifests_use_exists_in_the_cli() -> None:
@@ -623,7 +651,8 @@ def test_schedule_configmap_matches_the_shipped_schema_and_names_every_pool() ->
     schedule = yaml.safe_load(configmap("modelsync-schedule")["data"]["schedule.yaml"])
     errors = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(schedule)]
     assert not errors
-    assert {p for m in schedule["models"] for p in m["pools"]} == set(POOLS)
+    pools = {p for m in schedule["models"] for entry in m.get("variants", [m]) for p in entry["pools"]}
+    assert pools == set(POOLS)
 
 
 # --------------------------------------------------------------------------- image

@@ -53,9 +53,16 @@ def test_a_pool_needs_a_node_and_a_store_that_moves_bytes(nodes: int, store: flo
 
 @pytest.mark.parametrize(
     ("rate", "flag"),
-    [(0.5 * GB, "476Mi/s"), (50 * GB, "46Gi/s"), (2**40, "1Ti/s"), (3000, "2ki/s"), (512, "512/s")],
+    [
+        (0.5 * GB, "476Mi/s"),
+        (50 * GB, "46Gi/s"),
+        (2**40, "1024Gi/s"),
+        (3.6 * 2**20, "3686ki/s"),
+        (3000, "3000/s"),
+        (512, "512/s"),
+    ],
 )
-def test_the_suggested_max_bandwidth_is_rounded_down_so_the_pool_never_exceeds_the_store(
+def test_the_suggested_max_bandwidth_is_rounded_down_by_at_most_a_tenth_so_the_pool_never_exceeds_the_store(
     rate: float, flag: str
 ) -> None:
     assert rate_flag(rate) == flag

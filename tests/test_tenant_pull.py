@@ -126,6 +126,24 @@ def test_tenant_pull_through_a_read_only_mount_is_served_by_the_daemon_without_c
 
 @needs_mount_namespace
 @pytest.mark.root
+def test_a_tenant_init_container_pulls_by_the_schedules_name_with_no_keys_and_gets_the_ready_path(
+    tmp_path: Path, served: Daemon
+) -> None:
+    home = tmp_path / "tenant-home"
+    home.mkdir()
+    done = tenant(served.cache, home, "pull", "served", "--lease", "1h")
+    assert done.returncode == 0, done.stderr
+    path = served.cache / "models/org/served/r1"
+    assert done.stdout.strip().splitlines()[-1] == str(path)
+    assert (path / "weights.bin").read_bytes() == payload(2 * MiB, 1)
+    assert Cache(served.cache).lease_until(parse_source(SCHEDULED)) is not None, "the daemon leased it"
+    unknown = tenant(served.cache, home, "pull", "unserved")
+    assert unknown.returncode == ExitCode.NOT_ALLOWED
+    assert "no model named 'unserved'; its names are served" in one_error_line(unknown.stderr)
+
+
+@needs_mount_namespace
+@pytest.mark.root
 def test_tenant_pull_of_a_source_outside_the_allow_list_is_refused_with_exit_8(
     tmp_path: Path, served: Daemon
 ) -> None:
@@ -161,7 +179,7 @@ def test_daemon_refuses_prefetch_of_an_unlisted_source_and_serves_scheduled_and_
 ) -> None:
     env = moto_subprocess_s3_env.subprocess_env()
     cache = ["--cache-dir", str(served.cache)]
-    staged = {"model": "models/org/served/r1"}
+    staged = {"model": "models/org/served/r1", "name": "served", "variant": ""}
     wait_for(lambda: served.metric("modelsync_model_staged", **staged) == 0, what="the gauge shows it cold")
     refused = run_cli(env, "prefetch", UNLISTED, *cache)
     assert refused.returncode == ExitCode.NOT_ALLOWED

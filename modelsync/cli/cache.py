@@ -64,9 +64,16 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     used = use.used_bytes
     free = fs.free_bytes(settings.cache_dir)
     _warn_damaged(damaged)
+    from modelsync.api import scheduled_names
+
+    names = scheduled_names(settings.cache_dir)
+    unnamed: dict[str, str | None] = {"name": None, "variant": None}
     if as_json:
         doc = {
-            "models": [{**_as_dict(v), "evictable_at": _iso(evictable[v.model])} for v in views],
+            "models": [
+                {**_as_dict(v), "evictable_at": _iso(evictable[v.model]), **names.get(v.model, unnamed)}
+                for v in views
+            ],
             "totals": {"used_bytes": used, "budget_bytes": budget, "free_bytes": free},
             "damaged_records": [
                 {"path": str(d.path), "reason": d.reason, "model": d.ref.model_id if d.ref else None}
@@ -76,7 +83,8 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
         typer.echo(json.dumps(doc, indent=1))
         return
     now = time.time()
-    rows = [("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED", "SIGNED BY", "EVICTABLE")]
+    header = ("MODEL", "STATE", "SIZE", "LAST USED", "PINNED", "VERIFIED", "SIGNED BY", "EVICTABLE")
+    rows: list[tuple[str, ...]] = [header]
     for v in views:
         rows.append(
             (
@@ -90,6 +98,11 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
                 _evictable(evictable[v.model], now),
             )
         )
+    if names:  # the node daemon's schedule: each model's name, and its variant for this pool
+        shown = {
+            m: f"{n['name']} [{n['variant']}]" if n["variant"] else f"{n['name']}" for m, n in names.items()
+        }
+        rows = [(r[0], "NAME" if i == 0 else shown.get(r[0], ""), *r[1:]) for i, r in enumerate(rows)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())

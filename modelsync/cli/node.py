@@ -311,7 +311,6 @@ def prefetch(
         from modelsync.adapters.schedule_file import read_schedule
 
         loaded = read_schedule(schedule)
-    refs = _resolve_models(models, schedule, loaded)
     settings = build_settings(
         SettingFlags(
             cache_dir=cache_dir,
@@ -323,6 +322,7 @@ def prefetch(
             insecure=insecure,
         )
     )
+    refs = _resolve_models(models, schedule, loaded, settings)
     request = {"op": "prefetch", "models": [r.uri for r in refs], "wait": not no_wait}
     try:
         reply = api.call(api.socket_path(settings.cache_dir), request)
@@ -358,12 +358,27 @@ def _prefetch_here(settings: Settings, refs: list[ModelRef], schedule: Schedule 
         typer.echo(str(foreground_pull(each, quiet, ReadyOptions(use=False)).path))
 
 
-def _resolve_models(models: list[str], path: Path | None, schedule: Schedule | None) -> list[ModelRef]:
+def _resolve_models(
+    models: list[str], path: Path | None, schedule: Schedule | None, settings: Settings
+) -> list[ModelRef]:
     """Each MODEL is a schedule name (with --schedule), an s3:// URI or `bucket/prefix`."""
     if path is None or schedule is None:
         return [parse_model_name(m) for m in models]
     names = {m.name: m.source for m in schedule.models if m.name is not None}
-    return [names[m] if m in names else _uri_or_unknown_name(m, path, names) for m in models]
+    return [
+        _variant(schedule, m, settings) if m in names else _uri_or_unknown_name(m, path, names)
+        for m in models
+    ]
+
+
+def _variant(schedule: Schedule, name: str, settings: Settings) -> ModelRef:
+    """A name's source; with `variants`, the one for this node's pool (MODELSYNC_POOL)."""
+    from modelsync.core.schedule_variants import variant_for
+
+    (first, *others) = schedule.named(name)
+    if not others:
+        return first.source
+    return variant_for(schedule, name, _pool(settings)).source
 
 
 def _uri_or_unknown_name(text: str, schedule: Path, names: dict[str, ModelRef]) -> ModelRef:

@@ -26,7 +26,7 @@ from modelsync.cli.options import (
     SettingFlags,
     build_settings,
 )
-from modelsync.config import S3_SETTINGS
+from modelsync.config import S3_SETTINGS, Settings
 from modelsync.core.refs import parse_source
 from modelsync.core.units import parse_duration
 from modelsync.engine.rules import PullRules, pull_rules
@@ -36,7 +36,12 @@ from modelsync.foreground_pull import foreground_pull, read_only
 
 def pull(
     source: Annotated[
-        str, typer.Argument(metavar="SOURCE", help="s3://bucket/prefix/ of one model revision.")
+        str,
+        typer.Argument(
+            metavar="SOURCE",
+            help="s3://bucket/prefix/ of one model revision, or a model name of the node daemon's "
+            "schedule (the variant for this node's pool).",
+        ),
     ],
     cache_dir: CacheDir = None,
     endpoint_url: EndpointUrl = None,
@@ -65,7 +70,8 @@ def pull(
     Where the cache is mounted read-only (a tenant pod), the node daemon stages
     the model and records the lease; this process needs no S3 credentials.
     """
-    ref = parse_source(source)
+    by_name = "/" not in source and not source.startswith("s3:")
+    ref = None if by_name else parse_source(source)
     lease_s = parse_duration(lease) if lease is not None else None
     settings = build_settings(
         SettingFlags(
@@ -80,6 +86,11 @@ def pull(
             room_wait=room_wait,
         )
     )
+    if ref is None:
+        if verify:
+            raise UsageError(f"--verify needs the s3:// source, not the name {source!r}")
+        typer.echo(str(_pull_by_name(settings, source, lease_s)))
+        return
     rules = pull_rules(settings, ref, lease_s=lease_s)
     if read_only(settings.cache_dir):
         if verify:
@@ -89,6 +100,20 @@ def pull(
     from modelsync.engine.ensure import ReadyOptions
 
     typer.echo(str(foreground_pull(rules, quiet, ReadyOptions(verify=verify)).path))
+
+
+def _pull_by_name(settings: Settings, name: str, lease_s: float | None) -> Path:
+    """The node daemon picks the variant of `name` for its pool, stages it and records the use."""
+    from modelsync import api
+    from modelsync.core.refs import parse_model_name
+
+    model_id = api.pull_name_via_daemon(settings.cache_dir, name, lease_s)
+    if model_id is None:
+        raise LocalStorageError(
+            f"no modelsync daemon answers on {api.socket_path(settings.cache_dir)}, and a model name "
+            "is resolved by the node's daemon; check the node's daemon pod, or give the s3:// source"
+        )
+    return Cache(settings.cache_dir).ready_path(parse_model_name(model_id))
 
 
 def _tenant_pull(rules: PullRules) -> Path:

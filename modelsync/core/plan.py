@@ -90,6 +90,13 @@ class PlannedModel:
     always: bool = False
     #: True when `ready_at` saturated at READY_HORIZON_S from now: not ready in any useful time
     beyond_horizon: bool = False
+    #: which variant of its name this pool gets (schedule `variants`), else None
+    variant: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The label with the variant, as tables show it: `qwen3-32b [nvfp4]`."""
+        return self.label if self.variant is None else f"{self.label} [{self.variant}]"
 
     @property
     def margin_s(self) -> float | None:
@@ -347,4 +354,5 @@ def _planned(
         protected=("pinned" if entry is not None and entry.pinned else reasons.get(model_id)),
         always=window is not None and window.start is None,
         beyond_horizon=entry is None and ready_at is not None and ready_at >= horizon,
+        variant=d.model.variant,
     )

@@ -41,6 +41,7 @@ def plan_json(plan: NodePlan) -> dict[str, object]:
             {
                 "model": m.model_id,
                 "label": m.label,
+                "variant": m.variant,
                 "state": m.phase.value,
                 "action": m.action.value,
                 "size_bytes": m.size_bytes,
@@ -78,7 +79,7 @@ def render_plan(plan: NodePlan) -> list[str]:
         rows.append(
             (
                 m.action.value,
-                m.label,
+                m.shown,
                 m.phase.value,
                 "?" if m.size_bytes is None else format_bytes(m.size_bytes),
                 _window_text(m, plan.at),

@@ -19,7 +19,7 @@ A model is late *because of the store* when one node alone would have it before
 its window opens but the last node of the pool would not. Two suggestions follow:
 
 - cap each node at the store's share (`--max-bandwidth` = store rate / N, rounded
-  down): a faster node only draws 503 SlowDown and slows the others;
+  down, by at most a tenth): a faster node only draws 503 SlowDown and slows the others;
 - start earlier: lead = the model's lead + how late the last node is, rounded up
   to a minute. A window that is already open (or `always`) has no lead to change.
 
@@ -42,6 +42,8 @@ __all__ = ["PoolModel", "PoolPlan", "PoolShare", "plan_pool", "pool_json", "rate
 
 _TIMED = (Action.FETCH, Action.LATER)
 _MINUTE_S = 60.0
+#: a suggested rate keeps at least this many of its unit, so rounding down costs at most a tenth
+_MIN_UNIT_COUNT = 10
 _BINARY_RATE_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("ki", 2**10))
 #: more nodes than any pool has: a typo, and a share that rounds to nothing
 MAX_POOL_NODES = 100_000
@@ -155,7 +157,11 @@ def plan_pool(
 
 
 def rate_flag(bytes_per_s: float) -> str:
-    """A rate as a `--max-bandwidth` value, rounded down so N nodes never exceed the store: `476Mi/s`."""
+    """A rate as a `--max-bandwidth` value, rounded down so N nodes never exceed the store: `476Mi/s`.
+
+    The largest unit of which it holds at least ten, so rounding down costs at most a tenth
+    (`3.6 MiB/s` is `3686ki/s`, not `3Mi/s`).
+    """
     return _round_down_rate(bytes_per_s)[1]
 
 
@@ -169,7 +175,7 @@ def _suggested_cap(share: PoolShare) -> tuple[int, str] | tuple[None, None]:
 def _round_down_rate(bytes_per_s: float) -> tuple[int, str]:
     for unit, factor in _BINARY_RATE_UNITS:
         count = int(bytes_per_s // factor)
-        if count >= 1:
+        if count >= _MIN_UNIT_COUNT:
             return count * factor, f"{count}{unit}/s"
     return int(bytes_per_s), f"{int(bytes_per_s)}/s"
 
@@ -195,6 +201,7 @@ def pool_json(plan: PoolPlan) -> dict[str, object]:
             {
                 "model": m.alone.model_id,
                 "label": m.alone.label,
+                "variant": m.alone.variant,
                 "node_ready_at": iso(m.alone.ready_at),
                 "node_ready_before_window_s": m.alone.margin_s,
                 "pool_ready_at": iso(m.last.ready_at),
@@ -231,7 +238,7 @@ def render_pool(plan: PoolPlan) -> list[str]:
             f"is under {_rate(MIN_RATE_CAP_BYTES_PER_S)}, the smallest cap (--max-bandwidth 0 means no cap)"
         )
     if plan.store_late:
-        names = ", ".join(m.alone.label for m in plan.store_late)
+        names = ", ".join(m.alone.shown for m in plan.store_late)
         lines.append(f"LATE: the store makes {len(plan.store_late)} model(s) miss the window: {names}")
     if not plan.models:
         return lines
@@ -242,7 +249,7 @@ def render_pool(plan: PoolPlan) -> list[str]:
             pool_note = "LATE: " + pool_note
         if m.suggested_lead_s is not None:
             pool_note += f" (lead {format_duration(m.suggested_lead_s)} would fit)"
-        rows.append((m.alone.label, m.alone.note(plan.at) or "-", pool_note))
+        rows.append((m.alone.shown, m.alone.note(plan.at) or "-", pool_note))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines.append("")
     lines += [f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2]}".rstrip() for r in rows]

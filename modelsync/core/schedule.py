@@ -19,6 +19,15 @@ The file is YAML (format described in docs/schedule.md, JSON Schema in
         pools: [spark-serving]
         windows: [always]
         signature: required              # or {mode, public_keys, certificate_chain, identities}
+      - name: qwen3-32b                  # one name, a source per set of pools
+        variants:
+          - {pools: [b300-serving, spark-serving], source: s3://models/qwen3-32b/nvfp4/}
+          - {pools: [a100-serving], source: s3://models/qwen3-32b/fp8/, variant: fp8}
+        windows: [always]
+
+An entry with `variants` becomes one `ScheduledModel` per variant, sharing the
+entry's name, windows and other fields; a pool in two variants of one entry is
+refused, so each pool has at most one source per name.
 
 Everything is checked here, at load, so that a daemon never discovers a bad
 cron expression at fire time: a schedule either loads completely or is refused
@@ -35,12 +44,13 @@ only the safe YAML loader and refuses alias bombs without ever expanding them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import yaml
 from yaml.nodes import Node, ScalarNode
 
 from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.schedule_variants import Located, read_variants, refuse_duplicates
 from modelsync.core.schedule_yaml import BoundedLoader, NodeReader, compose, value_of, yaml_error
 from modelsync.core.signature import Mode, SignatureRule, Trust, parse_mode
 from modelsync.core.units import parse_duration
@@ -82,7 +92,8 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 1000
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _TOP_KEYS = ("version", "timezone", "defaults", "models")
 _DEFAULTS_KEYS = ("lead", "keep", "priority", "signature")
-_MODEL_KEYS = ("name", "source", "pools", "priority", "lead", "keep", "windows", "signature")
+_MODEL_KEYS = ("name", "source", "pools", "priority", "lead", "keep", "windows", "signature", "variants")
+_VARIANT_KEYS = ("pools", "source", "variant")
 _SIGNATURE_KEYS = ("mode", "public_keys", "certificate_chain", "identities")
 _WINDOW_KEYS = ("cron", "duration", "timezone")
 
@@ -102,11 +113,19 @@ class ScheduledModel:
     line: int
     #: the model's signature policy, over the node's settings; None leaves the settings' rule
     signature: SignatureRule | None = None
+    #: which of its name's `variants` this is (the entry's `variant`, else its source's last
+    #: path segment); None for an entry with a plain `source`
+    variant: str | None = None
 
     @property
     def label(self) -> str:
         """What logs and tables call this model: its name, else its source URI."""
         return self.name if self.name is not None else self.source.uri
+
+    @property
+    def shown(self) -> str:
+        """The label with the variant, as tables show it: `qwen3-32b [nvfp4]`."""
+        return self.label if self.variant is None else f"{self.label} [{self.variant}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,10 @@ class Schedule:
     def for_pool(self, pool: str) -> tuple[ScheduledModel, ...]:
         """The models that target `pool`, in file order."""
         return tuple(model for model in self.models if pool in model.pools)
+
+    def named(self, name: str) -> tuple[ScheduledModel, ...]:
+        """Every entry (each variant) called `name`."""
+        return tuple(model for model in self.models if model.name == name)
 
 
 def load_schedule(text: str, filename: str, known_pools: frozenset[str] | None = None) -> Schedule:
@@ -187,11 +210,12 @@ class _Reader(NodeReader):
         if "defaults" in fields:
             defaults = self.defaults(fields["defaults"], defaults)
         models = tuple(
-            self.model(node, f"models[{index}]", defaults)
+            model
             for index, node in enumerate(self.sequence(fields["models"], "models"))
+            for model in self.model(node, f"models[{index}]", defaults)
         )
-        self.refuse_duplicates(models, fields["models"])
-        return Schedule(version=version, timezone=timezone, models=models)
+        refuse_duplicates(self, models)
+        return Schedule(version=version, timezone=timezone, models=tuple(located[0] for located in models))
 
     def defaults(self, node: Node, base: _Defaults) -> _Defaults:
         fields = self.mapping(node, "defaults", _DEFAULTS_KEYS, required=())
@@ -203,26 +227,46 @@ class _Reader(NodeReader):
             signature=self.optional(fields, "signature", "defaults.signature", self.signature, None),
         )
 
-    def model(self, node: Node, path: str, defaults: _Defaults) -> ScheduledModel:
-        fields = self.mapping(node, path, _MODEL_KEYS, required=("source", "pools", "windows"))
+    def model(self, node: Node, path: str, defaults: _Defaults) -> list[Located]:
+        """One entry: a model, or one model per variant; each with where its source and name are."""
+        fields = self.mapping(node, path, _MODEL_KEYS, required=("windows",))
         name = self.optional(fields, "name", f"{path}.name", self.label_value, None)
-        source = self.source(fields["source"], f"{path}.source")
         signature = self.optional(
             fields, "signature", f"{path}.signature", self.signature, defaults.signature
         )
-        return ScheduledModel(
-            source=source,
+        base = ScheduledModel(
+            source=parse_source("s3://unset/unset/"),
             name=name,
-            pools=self.pools(fields["pools"], f"{path}.pools"),
+            pools=(),
             priority=self.optional(fields, "priority", f"{path}.priority", self.priority, defaults.priority),
             lead_s=self.optional(fields, "lead", f"{path}.lead", self.duration, defaults.lead_s),
             keep_s=self.optional(fields, "keep", f"{path}.keep", self.duration, defaults.keep_s),
             windows=self.windows(fields["windows"], f"{path}.windows", defaults.timezone),
             line=node.start_mark.line + 1,
-            signature=(
-                None if signature is None else SignatureRule(f"{source.bucket}/{source.prefix}", *signature)
-            ),
         )
+        name_node = fields.get("name")
+        if "variants" not in fields:
+            for key in ("source", "pools"):
+                if key not in fields:
+                    raise self.fail(node, path, f"missing required key {key!r} (or give 'variants')")
+            source = self.source(fields["source"], f"{path}.source")
+            model = replace(
+                base, source=source, pools=self.pools(fields["pools"], f"{path}.pools"),
+                signature=_rule(source, signature),
+            )
+            return [(model, f"{path}.source", fields["source"], name_node)]
+        for key in ("source", "pools"):
+            if key in fields:
+                raise self.fail(
+                    value_of(node, key), f"{path}.{key}",
+                    "give either source and pools, or variants (each with its own source and pools)",
+                )
+        if name is None:
+            raise self.fail(node, f"{path}.variants", "variants need the entry's name; add name:")
+        return [
+            (replace(model, signature=_rule(model.source, signature)), where, source_node, name_node)
+            for model, where, source_node in read_variants(self, fields["variants"], f"{path}.variants", base)
+        ]
 
     def signature(self, node: Node, path: str) -> tuple[Mode, Trust]:
         """`required | if-present | off`, or a mapping with the mode and its trust (key paths on the node)."""
@@ -283,30 +327,6 @@ class _Reader(NodeReader):
         zone = self.optional(fields, "timezone", f"{path}.timezone", self.zone, default_zone)
         return CronWindow(cron=cron, duration_s=duration_s, timezone=zone)
 
-    def refuse_duplicates(self, models: tuple[ScheduledModel, ...], node: Node) -> None:
-        """Two entries for one source (or one name) would fight over the same cache entry."""
-        items = self.sequence(node, "models")
-        seen_sources: dict[ModelRef, int] = {}
-        seen_names: dict[str, int] = {}
-        for index, model in enumerate(models):
-            first = seen_sources.setdefault(model.source, index)
-            if first != index:
-                raise self.fail(
-                    value_of(items[index], "source"),
-                    f"models[{index}].source",
-                    f"duplicate model {model.source.uri}; already listed as models[{first}] "
-                    f"(line {models[first].line})",
-                )
-            if model.name is not None:
-                first = seen_names.setdefault(model.name, index)
-                if first != index:
-                    raise self.fail(
-                        value_of(items[index], "name"),
-                        f"models[{index}].name",
-                        f"duplicate name {model.name!r}; already used by models[{first}] "
-                        f"(line {models[first].line})",
-                    )
-
     # --- typed values -----------------------------------------------------------------------
 
     def source(self, node: Node, path: str) -> ModelRef:
@@ -343,3 +363,6 @@ class _Reader(NodeReader):
             )
         return text
 
+
+def _rule(source: ModelRef, signature: tuple[Mode, Trust] | None) -> SignatureRule | None:
+    return None if signature is None else SignatureRule(f"{source.bucket}/{source.prefix}", *signature)

@@ -130,7 +130,7 @@ class Daemon:
             for s in family.samples
         }
 
-    def metric(self, name: str, **labels: str) -> float | None:
+    def metric(self, name: str, /, **labels: str) -> float | None:
         return self.metrics().get((name, tuple(sorted(labels.items()))))
 
     def stop(self) -> tuple[int, float]:

@@ -68,21 +68,27 @@ class FleetFigures:
 
 
 def run_fleet(
-    env: dict[str, str], uri: str, caches: Sequence[Path], *extra: str, timeout_s: float = 600
+    env: dict[str, str] | Sequence[dict[str, str]],
+    uri: str,
+    caches: Sequence[Path],
+    *extra: str,
+    timeout_s: float = 600,
 ) -> list[NodeResult]:
     """Start one `modelsync pull URI` per cache at once and wait for all (killing any past the deadline).
 
+    `env` is every node's environment, or one per node (each its own endpoint, say).
     Output goes to files beside each cache, never pipes: N undrained pipes could
     block the pulls they are meant to observe.
     """
+    envs = [env] * len(caches) if isinstance(env, dict) else list(env)
     started = time.monotonic()
     running = []
-    for cache in caches:
+    for cache, node_env in zip(caches, envs, strict=True):
         cache.parent.mkdir(parents=True, exist_ok=True)
         out, err = cache.with_suffix(".out").open("w"), cache.with_suffix(".err").open("w")
         process = subprocess.Popen(
             [*MODELSYNC, "pull", uri, "--cache-dir", str(cache), "--quiet", *extra],
-            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            env=node_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
         running.append((process, out, err))
     finished: dict[int, float] = {}

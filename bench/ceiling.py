@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import REPO, data, fsinfo, options
+from bench import data, fsinfo, options
 from bench.contenders import contender_env, modelsync_binary
 from bench.data import DataSet, GiB
 from bench.harness import BenchError, clear, ensure_tools, run_main, run_timeout
@@ -256,13 +256,10 @@ def frame_table(samples: list[Sample], shapes: dict[str, Pair], args: argparse.N
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = options.parser("scripts/bench ceiling", "shapes", SHAPES, __doc__)
-    ap.add_argument("--variant", action="append", metavar="NAME=TREE",
-                    help="a modelsync source tree (the parent of modelsync/) to measure; "
-                    "default: this checkout")
+    options.add_variants(ap)
     args = ap.parse_args(argv)
     args.shapes = options.choose(ap, "shapes", args.shapes, SHAPES)
-    args.variant = [(n, Path(t).resolve()) for n, t in
-                    (v.split("=", 1) for v in (args.variant or [f"here={REPO}"]))]
+    args.variant = options.variants(args.variant)
     options.check(ap, args)
     if args.small:
         ap.error("--small: the ceiling needs the full sets (their difference is what is measured)")

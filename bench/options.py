@@ -54,3 +54,15 @@ def data_root(args: argparse.Namespace) -> Path:
     root: Path = args.cache_dir / "data" / ("small" if args.small else "full")
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def add_variants(ap: argparse.ArgumentParser) -> None:
+    """`--variant NAME=TREE`, repeatable: the modelsync source trees an A/B entry point measures."""
+    ap.add_argument("--variant", action="append", metavar="NAME=TREE",
+                    help="a modelsync source tree (the parent of modelsync/) to measure; "
+                    "default: this checkout")
+
+
+def variants(given: list[str] | None) -> list[tuple[str, Path]]:
+    """The `--variant` values as (name, resolved tree); this checkout when none is given."""
+    return [(n, Path(t).resolve()) for n, t in (v.split("=", 1) for v in (given or [f"here={REPO}"]))]

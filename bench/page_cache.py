@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import REPO, data, fsinfo, options
+from bench import data, fsinfo, options
 from bench.contenders import contender_env, modelsync_binary
 from bench.data import DataSet, GiB
 from bench.harness import BenchError, clear, ensure_tools, run_main, run_timeout
@@ -127,17 +127,14 @@ def report(results: list[Growth], ds: DataSet, args: argparse.Namespace, md: boo
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = options.parser("scripts/bench page-cache", "dest", ("ext4", "xfs"), __doc__)
-    ap.add_argument("--variant", action="append", metavar="NAME=TREE",
-                    help="a modelsync source tree (the parent of modelsync/) to measure; "
-                    "default: this checkout")
+    options.add_variants(ap)
     ap.set_defaults(dest="ext4")
     args = ap.parse_args(argv)
     dests = options.choose(ap, "dest", args.dest, ("ext4", "xfs"))
     if len(dests) != 1:
         ap.error("--dest: choose one file system")
     args.dest = dests[0]
-    args.variant = [(n, Path(t).resolve()) for n, t in
-                    (v.split("=", 1) for v in (args.variant or [f"here={REPO}"]))]
+    args.variant = options.variants(args.variant)
     options.check(ap, args)
     return args
 

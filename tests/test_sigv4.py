@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import botocore.session
@@ -113,15 +114,20 @@ def test_the_s3_adapter_leaves_a_url_it_cannot_reproduce_to_botocore() -> None:
     assert cached.sign("bkt", KEYS[1], creds, dt.datetime.now(dt.UTC), 60) is None
 
 
-def test_a_signed_checksum_mode_header_is_signed_as_botocore_signs_it() -> None:
-    """The manifest's GET asks for the store's checksum as botocore's get_object does (ChecksumMode)."""
-    creds = Credentials("AKIDEXAMPLE", "secret", "token")
-    client = botocore.session.get_session().create_client(
+def path_style_client(creds: Credentials) -> Any:
+    """botocore's S3 client for a path-style endpoint in eu-west-1, signing with `creds`."""
+    return botocore.session.get_session().create_client(
         "s3", endpoint_url="http://127.0.0.1:9000", region_name="eu-west-1",
         aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
         aws_session_token=creds.token,
         config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
     )  # fmt: skip
+
+
+def test_a_signed_checksum_mode_header_is_signed_as_botocore_signs_it() -> None:
+    """The manifest's GET asks for the store's checksum as botocore's get_object does (ChecksumMode)."""
+    creds = Credentials("AKIDEXAMPLE", "secret", "token")
+    client = path_style_client(creds)
     theirs = str(client.generate_presigned_url(
         "get_object", Params={"Bucket": "bkt", "Key": KEYS[1], "ChecksumMode": "ENABLED"}, ExpiresIn=600))
     base, when = base_and_time(theirs)
@@ -138,12 +144,7 @@ def test_a_listing_page_is_signed_as_botocore_signs_list_objects_v2(prefix: str,
     from modelsync.core.listing import list_params
 
     creds = Credentials("AKIDEXAMPLE", "secret", "session-token")
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url="http://127.0.0.1:9000", region_name="eu-west-1",
-        aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
-        aws_session_token=creds.token,
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-    )  # fmt: skip
+    client = path_style_client(creds)
     params = {"Bucket": "bkt", "Prefix": prefix, "EncodingType": "url"}
     if token is not None:
         params["ContinuationToken"] = token

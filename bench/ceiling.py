@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench import data, fsinfo, options
@@ -70,7 +70,8 @@ class Pair:
     small: DataSet
     units_big: float
     units_small: float
-    signed: bool
+    #: the public key that verifies each signed data set, by name; empty for unsigned pulls
+    keys: dict[str, Path] = field(default_factory=dict)
 
 
 def py_spy() -> Path:
@@ -128,22 +129,18 @@ def pairs(root: Path) -> dict[str, Pair]:
     side = [p for p, _ in big.files if p not in shards]
     small = data.link_subset(big, "ceiling-2g", shards[:4] + side, root)
     data.prepare(small, root)
-    big_signed, _ = data.signed_copy(big, "ceiling-6g-signed", root)
-    small_signed, _ = data.signed_copy(small, "ceiling-2g-signed", root)
+    big_signed, big_key = data.signed_copy(big, "ceiling-6g-signed", root)
+    small_signed, small_key = data.signed_copy(small, "ceiling-2g-signed", root)
     files = data.prepare(sets["small-files"], root).dataset
     files_small = data.link_subset(files, "ceiling-files-500", [p for p, _ in files.files[:500]], root)
     data.prepare(files_small, root)
-    model = Pair(big, small, big.total_bytes / GiB, small.total_bytes / GiB, signed=False)
+    model = Pair(big, small, big.total_bytes / GiB, small.total_bytes / GiB)
     signed = Pair(big_signed, small_signed, big_signed.total_bytes / GiB, small_signed.total_bytes / GiB,
-                  signed=True)
+                  {big_signed.name: big_key, small_signed.name: small_key})
     return {
         "tmpfs-unsigned": model, "xfs-unsigned": model, "tmpfs-signed": signed, "xfs-signed": signed,
-        "small-files": Pair(files, files_small, files.count, files_small.count, signed=False),
+        "small-files": Pair(files, files_small, files.count, files_small.count),
     }
-
-
-def public_key(root: Path, ds: DataSet) -> Path:
-    return root / f"{ds.name}.pub.pem"
 
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
@@ -168,9 +165,9 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                     dest.mkdir(parents=True)
                     data.warm_page_cache(ds, root)
                     env = {**contender_env(endpoint.url), "PYTHONPATH": str(tree),
-                           "MODELSYNC_SIGNATURE": "required" if pair.signed else "off"}
-                    if pair.signed:
-                        env["MODELSYNC_SIGNATURE_PUBLIC_KEYS"] = str(public_key(root, ds))
+                           "MODELSYNC_SIGNATURE": "required" if pair.keys else "off"}
+                    if pair.keys:
+                        env["MODELSYNC_SIGNATURE_PUBLIC_KEYS"] = str(pair.keys[ds.name])
                     argv = [str(modelsync_binary()), "pull", ds.uri, "--cache-dir", str(dest),
                             "--endpoint-url", endpoint.url, "--quiet"]
                     load = os.getloadavg()[0]

@@ -10,7 +10,7 @@ Stages, each run on N files:
 * manifest: `modelsync.core.manifest.parse_manifest` of a rendered manifest of N entries;
 * plan:     `modelsync.core.parts.plan_pull` of N `RemoteFile`s (1 MiB files, so one
             16 MiB part each: the part count equals the file count);
-* listing:  `modelsync.adapters.s3.S3.list_model` (aiobotocore, the code a pull uses)
+* listing:  `modelsync.adapters.store.sdk.S3.list_model` (aiobotocore, the code a pull uses)
             against the nginx endpoint of scripts/nginx_endpoint.py, which serves a
             static ListObjectsV2 document. nginx serves all N keys as ONE page; real S3
             pages at 1,000 keys, so against S3 add one round trip per 1,000 keys.
@@ -109,7 +109,7 @@ def _timed(op: Callable[[], object]) -> dict[str, float]:
 
 
 async def _listing(n: int, url: str) -> dict[str, float]:
-    from modelsync.adapters.s3 import open_s3
+    from modelsync.adapters.store.sdk import open_s3
     from modelsync.config import Settings
     from modelsync.core.refs import parse_source
 

@@ -5,11 +5,11 @@ the S3 control plane (aiobotocore, aiohttp, botocore) and creating its client, o
 small manifest. This entry point times, in fresh processes interleaved round by round, the
 milestones from spawn to "manifest in hand" three ways:
 
-* `control-plane`: a pull through the SDK's store (adapters/s3.py), as every pull ran before
+* `control-plane`: a pull through the SDK's store (adapters/store/sdk.py), as every pull ran before
   the data-plane store and as one still runs without static keys: import the engine, open
   the aiobotocore client, GET the manifest through it;
 * `pull`: what a pull does now: import the engine, open the backends a pull opens
-  (backends.s3_backends, whose store is adapters/data_plane_store.py with static keys) and
+  (backends.s3_backends, whose store is adapters/store/data_plane.py with static keys) and
   GET the manifest through its store;
 * `data-plane`: the floor: import only the warm path and the ranged-GET client, presign the
   manifest's URL with core.sigv4 and GET it with http.client.
@@ -38,7 +38,7 @@ def child(variant: str, url: str, bucket: str, key: str) -> dict[str, float]:
     if variant == "control-plane":
         import asyncio
 
-        from modelsync.adapters.s3 import open_s3
+        from modelsync.adapters.store.sdk import open_s3
         from modelsync.config import Settings
         from modelsync.core.refs import parse_source
         from modelsync.engine import pull  # noqa: F401 - what a cold pull imports
@@ -79,7 +79,7 @@ def child(variant: str, url: str, bucket: str, key: str) -> dict[str, float]:
 
         from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
 
-        for module in ("modelsync.plain_pull", "modelsync.adapters.ranged_http"):  # what a lean start loads
+        for module in ("modelsync.plain_pull", "modelsync.adapters.http.client"):  # what a lean start loads
             importlib.import_module(module)
         marks["imported"] = time.time()
         creds = Credentials(os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"],

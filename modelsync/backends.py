@@ -6,7 +6,7 @@ engine never constructs a client, so its tests run against in-memory fakes.
 Every pull opens the same backends: the init container's plain `pull`, the full
 command line, `prefetch`, `verify --repair` and the daemon. One code path, so a
 route that works (or fails) for one works (or fails) the same way for all. The
-object store is `adapters/data_plane_store.py` wherever the environment's static
+object store is `adapters/store/data_plane.py` wherever the environment's static
 keys and a path-style endpoint let it sign requests itself: a model with a
 manifest is then pulled without importing or opening the S3 SDK, which is most
 of a cold pull's start-up (the daemon, which has the SDK loaded already, still
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from modelsync.adapters.rate_limit import TokenBucket
+from modelsync.adapters.http.rate_limit import TokenBucket
 from modelsync.config import Settings, check_ca_bundle
 from modelsync.engine.ports import Backends, OpenBackends
 from modelsync.engine.throttle import store_gate
@@ -38,8 +38,8 @@ def s3_backends(settings: Settings) -> OpenBackends:
     @contextlib.asynccontextmanager
     async def open_backends() -> AsyncIterator[Backends]:
         # here, not at the top: a `pull` of a ready model imports neither the store nor TLS
-        from modelsync.adapters.data_plane_store import open_store
-        from modelsync.adapters.ranged_http import RangeClient, make_ssl_context
+        from modelsync.adapters.http.client import RangeClient, make_ssl_context
+        from modelsync.adapters.store.data_plane import open_store
 
         https = (settings.endpoint_url or "https://").startswith("https")
         if https and settings.ca_bundle and not settings.insecure:

@@ -43,7 +43,7 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from modelsync import api
-from modelsync.adapters.foreground import live_foreground
+from modelsync.adapters.cache.foreground import live_foreground
 from modelsync.adapters.schedule_file import parse_schedule_bytes, read_schedule_bytes
 from modelsync.backends import s3_backends
 from modelsync.config import Settings

@@ -164,7 +164,7 @@ def run_demo(keep: bool) -> None:
 
 
 async def _create_bucket(settings: Settings, bucket: str) -> None:
-    from modelsync.adapters.s3 import open_s3
+    from modelsync.adapters.store.sdk import open_s3
 
     async with open_s3(replace(settings)) as s3:
         await s3.ensure_bucket(bucket)

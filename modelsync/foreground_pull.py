@@ -1,6 +1,6 @@
 """A pull that someone waits on, run in this process: `pull`, `prefetch` with no daemon, `verify --repair`.
 
-Such a pull is announced as a foreground pull (adapters/foreground.py), which
+Such a pull is announced as a foreground pull (adapters/cache/foreground.py), which
 makes a running daemon pause its background prefetch, so a pod's init container
 or an operator gets the node's bandwidth; its progress goes to stderr. What it
 obeys comes from the caller's `PullRules` (engine/rules.py), like every pull.

@@ -12,7 +12,7 @@ import pytest
 from support.fakes import FakeFetcher, FakeStore, fake_backends
 
 from modelsync.adapters.digest import PrefixHasher
-from modelsync.adapters.ranged_http import RangeRequest
+from modelsync.adapters.http.client import RangeRequest
 from modelsync.config import Settings
 from modelsync.core.parts import Part
 from modelsync.core.refs import parse_source

@@ -23,8 +23,8 @@ from botocore.exceptions import SSLError
 from support.cli import run_cli
 from support.s3env import S3Env
 
-from modelsync.adapters.s3 import open_s3
-from modelsync.adapters.s3_errors import s3_errors
+from modelsync.adapters.store.sdk import open_s3
+from modelsync.adapters.store.sdk_errors import s3_errors
 from modelsync.config import Settings
 from modelsync.errors import ConfigError, ExitCode, UsageError
 

@@ -33,15 +33,15 @@ from support.faultproxy import FaultProxy
 from support.s3env import S3Env
 from support.seaweedfs import SeaweedFS
 
-from modelsync.adapters.data_plane_store import (
+from modelsync.adapters.http.client import RangeClient
+from modelsync.adapters.store.data_plane import (
     DataPlaneStore,
     StaticRoute,
     body_intact,
     open_store,
     static_route,
 )
-from modelsync.adapters.ranged_http import RangeClient
-from modelsync.adapters.s3 import S3, open_s3
+from modelsync.adapters.store.sdk import S3, open_s3
 from modelsync.backends import s3_backends
 from modelsync.config import Settings
 from modelsync.core import listing

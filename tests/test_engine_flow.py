@@ -20,7 +20,7 @@ import xxhash
 from support.fakes import FakeFetcher, FakeStore, cut_after, fake_backends, hang_until_closed
 
 from modelsync.adapters.cache import Cache
-from modelsync.adapters.foreground import live_foreground
+from modelsync.adapters.cache.foreground import live_foreground
 from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelsync.adapters.http_head import (
+from modelsync.adapters.http.answer import error_for_answer, redirect_detail, retry_after_s, url_expired
+from modelsync.adapters.http.head import (
     MAX_HEAD_BYTES,
     ResponseHead,
     check_range_head,
@@ -18,7 +19,6 @@ from modelsync.adapters.http_head import (
     render_request,
     size_mismatch,
 )
-from modelsync.adapters.range_answer import error_for_answer, redirect_detail, retry_after_s, url_expired
 from modelsync.errors import (
     AccessDeniedError,
     NotFoundError,

@@ -109,7 +109,7 @@ def test_each_module_belongs_to_its_layer(module: str, layer: str) -> None:
 KNOWN_FOREIGN_PRIVATE = {
     # typer 0.29 vendors click as `typer._click` and re-exports neither the help formatter nor the
     # parser's errors that cli/app.py renders as one line; tests/test_cli_help.py and
-    # tests/test_cli_errors.py check both. (adapters/s3.py's one private botocore attribute is
+    # tests/test_cli_errors.py check both. (adapters/store/sdk.py's one private botocore attribute is
     # not an import: tests/test_s3_credentials.py checks it.)
     ("modelsync/cli/app.py", "typer._click"),
     ("modelsync/cli/app.py", "typer._click.exceptions"),

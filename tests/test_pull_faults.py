@@ -30,9 +30,9 @@ from support.objects import payload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
-import modelsync.adapters.body_copy as body_copy
 import modelsync.adapters.cache.staging as staging_adapter
 import modelsync.adapters.fs as fs_adapter
+import modelsync.adapters.http.body as body_copy
 from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.adapters.fs import in_memory
 from modelsync.config import Settings

@@ -1,7 +1,7 @@
 """The one private botocore name modelsync uses: a client's credentials, swapped when they are renewed.
 
 botocore has no public way to change a live client's credentials, and the store may
-call a token expired that botocore still trusts (adapters/s3.py `renew_credentials`).
+call a token expired that botocore still trusts (adapters/store/sdk.py `renew_credentials`).
 So the renewal writes the request signer's credentials, and botocore is pinned to the
 range this was written against (pyproject.toml). This checks the behaviour relied on,
 against a real S3 server: after a renewal, the URLs botocore signs and the ones the
@@ -18,7 +18,7 @@ import pytest
 from botocore.client import BaseClient
 from support.s3env import S3Env
 
-from modelsync.adapters.s3 import open_s3
+from modelsync.adapters.store.sdk import open_s3
 from modelsync.config import Settings
 
 

@@ -88,7 +88,7 @@ def test_repr_hides_secrets() -> None:
 
 def test_the_s3_adapter_signs_like_botocore_after_learning_a_bucket() -> None:
     """CachedPresigner keeps a bucket only when it reproduces botocore's URL, then signs alike."""
-    from modelsync.adapters.s3 import CachedPresigner
+    from modelsync.adapters.store.sdk import CachedPresigner
 
     creds = Credentials("AKIDEXAMPLE", "secret/key+", "a-session-token")
     cached = CachedPresigner()
@@ -105,7 +105,7 @@ def test_the_s3_adapter_signs_like_botocore_after_learning_a_bucket() -> None:
 
 
 def test_the_s3_adapter_leaves_a_url_it_cannot_reproduce_to_botocore() -> None:
-    from modelsync.adapters.s3 import CachedPresigner
+    from modelsync.adapters.store.sdk import CachedPresigner
 
     creds = Credentials("AKIDEXAMPLE", "secret")
     cached = CachedPresigner()

@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from modelsync.adapters.cache import Cache
-from modelsync.adapters.foreground import announce
+from modelsync.adapters.cache.foreground import announce
 from modelsync.core.refs import ModelRef
 from modelsync.engine.events import NoEvents, PullEvents
 from modelsync.engine.maintain import repair_ready, verify_ready

@@ -27,7 +27,7 @@ from typing import TypeVar
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher, sha256_slots
-from modelsync.adapters.ranged_http import RangeRequest
+from modelsync.adapters.http.client import RangeRequest
 from modelsync.config import Settings
 from modelsync.core.parts import FileWork, Part, RemoteFile
 from modelsync.core.refs import ModelRef

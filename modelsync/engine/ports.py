@@ -18,14 +18,14 @@ from modelsync.core.refs import ModelRef
 from modelsync.engine.throttle import StoreGate
 
 if TYPE_CHECKING:  # importing the data plane would slow a warm `pull` that never fetches
-    from modelsync.adapters.ranged_http import RangeRequest
+    from modelsync.adapters.http.client import RangeRequest
     from modelsync.core.parts import ObjectInfo
 
 
 class ObjectStore(Protocol):
     """The control plane: small, latency-bound reads and URL signing.
 
-    adapters/s3.py `S3` (aiobotocore), or adapters/data_plane_store.py `DataPlaneStore`, which
+    adapters/store/sdk.py `S3` (aiobotocore), or adapters/store/data_plane.py `DataPlaneStore`, which
     signs URLs and reads the manifest without the SDK and hands it the rest.
     """
 
@@ -49,7 +49,7 @@ class ObjectStore(Protocol):
 
 
 class RangeFetcher(Protocol):
-    """The data plane: one ranged GET written at an offset of a file (adapters/ranged_http.py).
+    """The data plane: one ranged GET written at an offset of a file (adapters/http/client.py).
 
     Called from transfer threads; raises `TransientFetchError` (retry from
     `start + bytes_written`) or `PresignedUrlExpiredError` (sign again).

@@ -4,7 +4,7 @@
 The engine does not pick a gate: it comes in with the backends
 (engine/ports.py `Backends.gate`), and the edge gives every pull of one store
 the same one (`store_gate`, called by modelsync/backends.py). The bandwidth cap
-is the range client's (adapters/rate_limit.py).
+is the range client's (adapters/http/rate_limit.py).
 """
 
 from __future__ import annotations

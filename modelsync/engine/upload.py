@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from modelsync.adapters import model_files
 from modelsync.adapters.digest import FileDigest, hash_fd, xxh3_of
-from modelsync.adapters.s3 import S3, open_s3
+from modelsync.adapters.store.sdk import S3, open_s3
 from modelsync.config import Settings
 from modelsync.core.completeness import PUBLISHING_NAME
 from modelsync.core.etag import EtagKind, etag_kind, multipart_etag

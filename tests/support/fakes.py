@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from modelsync.adapters.ranged_http import RangeRequest
+from modelsync.adapters.http.client import RangeRequest
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef

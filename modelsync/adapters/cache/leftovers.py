@@ -18,8 +18,8 @@ from pathlib import Path
 
 from modelsync.adapters import fs
 from modelsync.adapters.cache.damaged import find_model, read_records
+from modelsync.adapters.cache.foreground import remove_if_stale, stale_markers
 from modelsync.adapters.cache.markers import Markers
-from modelsync.adapters.foreground import remove_if_stale, stale_markers
 from modelsync.core.record import parse_record
 from modelsync.core.refs import parse_model_name
 from modelsync.errors import ModelsyncError

@@ -1,7 +1,7 @@
 """The heads of a ranged GET: render the request head, parse and check the response head.
 
 Pure: bytes in, values or ``UnexpectedResponseError`` out, no socket, no clock.
-The socket loop of ``adapters/ranged_http.py`` feeds it what it has received so
+The socket loop of ``adapters/http/client.py`` feeds it what it has received so
 far; everything a hostile or broken server can get wrong in a head is decided
 here and tested with tables (tests/test_http_head.py).
 

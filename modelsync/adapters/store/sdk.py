@@ -1,13 +1,13 @@
 """The S3 control plane over aiobotocore: list, head, manifest, presign, upload.
 
-Bulk bytes of a pull do not pass through here (see adapters/ranged_http.py);
+Bulk bytes of a pull do not pass through here (see adapters/http/client.py);
 what does is small and latency-bound. botocore retries throttling, 5xx and
 connection errors itself (standard mode). Only when its attempts end on
 throttling do the reads a pull needs (manifest, listing, heads) keep waiting,
 with the same floor-of-seconds schedule and budget as the data plane
 (`RetryPolicy`): a store that throttles a whole pool for minutes is busy, not
 down. Every SDK failure is translated into modelsync.errors at this boundary,
-by `adapters/s3_errors.py`.
+by `adapters/store/sdk_errors.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
-from modelsync.adapters.s3_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
+from modelsync.adapters.store.sdk_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
 from modelsync.config import Settings, sdk_verify
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo

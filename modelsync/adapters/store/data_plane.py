@@ -9,7 +9,7 @@ URL the same way: a pull of a model with a manifest never imports the SDK, nor
 does one without a manifest whose objects are single-part (a multipart ETag needs
 the SDK's HEAD of the first part).
 
-What it serves itself, and what it leaves to the SDK (adapters/s3.py `S3`,
+What it serves itself, and what it leaves to the SDK (adapters/store/sdk.py `S3`,
 opened on first need and closed with this store):
 
 - `get_manifest`: a 200 is the manifest, a missing key (not a missing bucket)
@@ -50,7 +50,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from modelsync.adapters.range_answer import s3_error_fields
+from modelsync.adapters.http.answer import s3_error_fields
 from modelsync.config import Settings
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.refs import ModelRef
@@ -59,8 +59,8 @@ from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
 from modelsync.errors import ModelsyncError, TransientFetchError
 
 if TYPE_CHECKING:  # importing either at the top would load what this store exists to avoid
-    from modelsync.adapters.ranged_http import RangeClient
-    from modelsync.adapters.s3 import S3
+    from modelsync.adapters.http.client import RangeClient
+    from modelsync.adapters.store.sdk import S3
     from modelsync.core.parts import ObjectInfo
 
 #: lifetime of the manifest's URL (and a listing page's), seconds: it is used at once, once
@@ -161,7 +161,7 @@ async def open_store(
     """
     route = static_route(settings, os.environ if env is None else env)
     if route is None:
-        from modelsync.adapters.s3 import open_s3
+        from modelsync.adapters.store.sdk import open_s3
 
         async with open_s3(settings) as s3:
             yield s3
@@ -282,7 +282,9 @@ class DataPlaneStore:
         """The SDK's store, opened on first need (one opening, however many ask at once)."""
         async with self._opening:
             if self._sdk is None:
-                from modelsync.adapters.s3 import open_s3  # here: importing it is what this store avoids
+                from modelsync.adapters.store.sdk import (
+                    open_s3,  # here: importing it is what this store avoids
+                )
 
                 self._sdk = await self._stack.enter_async_context(open_s3(self._settings))
         return self._sdk

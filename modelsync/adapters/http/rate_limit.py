@@ -3,7 +3,7 @@
 A pool of 100 nodes pulling the same model must not saturate the object store
 at once; each node caps each pull. The bucket holds at most one second of
 tokens, so a pause does not turn into a burst afterwards. The range client
-(adapters/ranged_http.py) takes it as its `rate_limiter`; the edge builds both
+(adapters/http/client.py) takes it as its `rate_limiter`; the edge builds both
 (modelsync/backends.py).
 """
 

@@ -15,9 +15,9 @@ Memory bound: ``threads * buffer_bytes`` of user memory (plus the kernel's socke
 buffers), whatever the object or part size.
 
 This module is the socket and buffer loop only. The heads are rendered,
-parsed and checked by ``adapters/http_head.py`` (pure); a refusal is turned into
-its error by ``adapters/range_answer.py`` (pure); the route (proxy, tunnel,
-TLS trust) is ``adapters/http_route.py``.
+parsed and checked by ``adapters/http/head.py`` (pure); a refusal is turned into
+its error by ``adapters/http/answer.py`` (pure); the route (proxy, tunnel,
+TLS trust) is ``adapters/http/route.py``.
 
 Errors: permanent conditions raise ``modelsync.errors`` types (403, 404, 412,
 416, a redirect, a response that is not the range asked for). Everything worth
@@ -40,9 +40,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from modelsync.adapters.body_copy import RateLimiter, receive_into_file, transient_error
-from modelsync.adapters.http_conns import Conn, Connections
-from modelsync.adapters.http_head import (
+from modelsync.adapters.http.answer import error_for_answer
+from modelsync.adapters.http.body import RateLimiter, receive_into_file, transient_error
+from modelsync.adapters.http.conns import Conn, Connections
+from modelsync.adapters.http.head import (
     MAX_HEAD_BYTES,
     ResponseHead,
     check_range_head,
@@ -50,13 +51,12 @@ from modelsync.adapters.http_head import (
     render_request,
     size_mismatch,
 )
-from modelsync.adapters.http_route import (
+from modelsync.adapters.http.route import (
     Proxy,
     environ_proxy,
     make_ssl_context,
     parse_url,
 )
-from modelsync.adapters.range_answer import error_for_answer
 from modelsync.errors import (
     TransientFetchError,
     UnexpectedResponseError,

@@ -15,7 +15,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from modelsync.adapters.http_route import Endpoint, Proxy, parse_proxy, tunnel
+from modelsync.adapters.http.route import Endpoint, Proxy, parse_proxy, tunnel
 from modelsync.errors import RemoteUnavailableError, TransientFetchError
 
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from modelsync.adapters.http_head import MAX_HEAD_BYTES
+from modelsync.adapters.http.head import MAX_HEAD_BYTES
 from modelsync.errors import (
     AccessDeniedError,
     RemoteUnavailableError,

@@ -1,6 +1,6 @@
 """What a ranged GET's refusal means: one modelsync error per condition, from status and S3 code.
 
-Pure: the socket loop of ``adapters/ranged_http.py`` hands over the answer's
+Pure: the socket loop of ``adapters/http/client.py`` hands over the answer's
 status, head and (small) body, and ``now``. Every answer is classified once, by
 ``modelsync.core.retry.classify`` (status and S3 error code, never message
 text). Permanent conditions become ``modelsync.errors`` types; everything worth

@@ -22,9 +22,15 @@ def test_parse_prefix_normalises_to_whole_segments(text: str, expected: str) -> 
     assert parse_prefix(text) == expected
 
 
-@pytest.mark.parametrize("text", ["models/Qwen/", "s3://", "s3://UPPER/", "s3://models/../other/", "s3://a/"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "models/Qwen/", "s3://", "s3://*", "s3://UPPER/", "s3://models/../other/", "s3://a/",
+        "s3://models/org/*", "s3://models/org/m/config.json",
+    ],
+)
 def test_parse_prefix_refuses_what_is_not_an_s3_prefix(text: str) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="allowed prefix"):
         parse_prefix(text)
 
 

@@ -11,25 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from modelsync.core.keys import safe_relative_path
-from modelsync.core.refs import ModelRef, is_bucket_name
-from modelsync.errors import SourceNotAllowedError, UnsafeKeyError, UsageError
+from modelsync.core.refs import ModelRef
+from modelsync.core.scope import parse_scope
+from modelsync.errors import SourceNotAllowedError, UsageError
 
 
 def parse_prefix(text: str) -> str:
-    """`s3://bucket/` or `s3://bucket/some/prefix/` as `bucket/` or `bucket/some/prefix/`."""
-    if not text.startswith("s3://"):
+    """`s3://bucket/` or `s3://bucket/some/prefix/` as `bucket/` or `bucket/some/prefix/`.
+
+    An allowed prefix is a scope (core/scope.py) that must name a bucket: a glob or a
+    file key would allow nothing without a word, and `*` would make the daemon fetch
+    anything its key can read for anyone who asks.
+    """
+    if not text.startswith("s3://") or text.strip() in {"s3://", "s3://*"}:
         raise UsageError(f"allowed prefix {text!r} is not an s3:// URI; use s3://bucket/ or s3://bucket/org/")
-    bucket, _, prefix = text[len("s3://") :].partition("/")
-    if not is_bucket_name(bucket):
-        raise UsageError(f"allowed prefix {text!r}: {bucket!r} is not a valid bucket name")
-    prefix = prefix.strip("/")
-    if prefix:
-        try:
-            safe_relative_path(prefix)
-        except UnsafeKeyError as exc:
-            raise UsageError(f"allowed prefix {text!r}: unsafe prefix ({exc})") from None
-    return f"{bucket}/{prefix}/" if prefix else f"{bucket}/"
+    return parse_scope(text, "allowed prefix")
 
 
 @dataclass(frozen=True, slots=True)

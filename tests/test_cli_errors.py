@@ -733,7 +733,7 @@ MISTAKES = [
         "plan-schedule-is-a-fifo",
         ("plan", "--schedule", "{tmp}/schedule.fifo", "--pool", "p", "--offline", "--cache-dir", "{cache}"),
         USAGE,
-        ("the schedule is a FIFO, not a regular file",),
+        ("the schedule is a named pipe, not a regular file",),
         arrange=_fifo,
     ),
     Mistake(

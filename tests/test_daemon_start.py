@@ -81,7 +81,7 @@ def test_a_start_that_fails_after_making_its_socket_leaves_no_socket_behind(
     assert not api.socket_path(cache).exists() and not api.socket_path(cache).is_symlink()
 
 
-@pytest.mark.parametrize("kind", ["directory", "regular file", "FIFO", "symlink"])
+@pytest.mark.parametrize("kind", ["directory", "regular file", "named pipe", "symlink"])
 def test_anything_but_a_socket_where_the_socket_goes_is_refused_in_one_line_and_left_alone(
     tmp_path: Path, s3_env: S3Env, kind: str
 ) -> None:
@@ -93,7 +93,7 @@ def test_anything_but_a_socket_where_the_socket_goes_is_refused_in_one_line_and_
     make: dict[str, Callable[[], None]] = {
         "directory": sock.mkdir,
         "regular file": lambda: sock.write_text("a note"),
-        "FIFO": lambda: os.mkfifo(sock),
+        "named pipe": lambda: os.mkfifo(sock),
         "symlink": lambda: sock.symlink_to(target),
     }
     make[kind]()
@@ -108,12 +108,12 @@ def test_anything_but_a_socket_where_the_socket_goes_is_refused_in_one_line_and_
     assert target.read_text() == "not the daemon's"
 
 
-@pytest.mark.parametrize("kind", ["FIFO", "directory"])
+@pytest.mark.parametrize("kind", ["named pipe", "directory"])
 def test_a_schedule_that_is_not_a_file_is_refused_without_blocking_the_daemon(
     tmp_path: Path, s3_env: S3Env, start_daemon: Callable[..., Daemon], kind: str
 ) -> None:
     schedule = tmp_path / "schedule.yaml"
-    if kind == "FIFO":
+    if kind == "named pipe":
         os.mkfifo(schedule)
     else:
         schedule.mkdir()

@@ -363,6 +363,13 @@ MISTAKES = [
     Mistake("unknown-option", (*PULL, "--bogus"), USAGE, ("No such option: --bogus",)),
     Mistake("unknown-command", ("pul", "s3://models/org/m/"), USAGE, ("No such command 'pul'",)),
     Mistake("concurrency-zero", (*PULL, "--concurrency", "0"), USAGE, ("--concurrency",)),
+    Mistake(
+        "cache-dir-empty",
+        ("pull", "s3://models/org/m/", "--cache-dir", "", "-q"),
+        USAGE,
+        ("Invalid value for '--cache-dir': is empty",),
+    ),
+    Mistake("ls-cache-dir-empty", ("ls", "--cache-dir", ""), USAGE, ("'--cache-dir': is empty",)),
     Mistake("concurrency-not-a-number", (*PULL, "--concurrency", "lots"), USAGE, ("--concurrency",)),
     # -- sources
     Mistake("whole-bucket", ("pull", "s3://models/", "--cache-dir", "{cache}"), USAGE, ("whole bucket",)),

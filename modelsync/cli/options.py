@@ -62,9 +62,18 @@ def _setting(name: str, text: str, default: str | None = None) -> str:
 
 _SETTING_FIELDS = {f.name: f for f in fields(Settings)}
 
+
+
+def _cache_dir(text: str) -> Path:
+    """An empty --cache-dir is a mistake (an unset variable in a script), not the current directory."""
+    if not text.strip():
+        raise typer.BadParameter("is empty; give the cache's directory, e.g. --cache-dir /model-cache")
+    return Path(text)
+
+
 CacheDir = Annotated[
     Path | None,
-    typer.Option("--cache-dir", metavar="DIR", help=_setting("cache_dir", "Cache root.")),
+    typer.Option("--cache-dir", metavar="DIR", parser=_cache_dir, help=_setting("cache_dir", "Cache root.")),
 ]
 EndpointUrl = Annotated[
     str | None,

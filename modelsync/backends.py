@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from modelsync.adapters.http.rate_limit import TokenBucket
 from modelsync.config import Settings, check_ca_bundle
-from modelsync.engine.ports import Backends, OpenBackends
+from modelsync.engine.ports import Backends, OpenBackends, OpenWriter
 from modelsync.engine.throttle import store_gate
+
+if TYPE_CHECKING:
+    from modelsync.adapters.store.sdk import S3
 
 
 def s3_backends(settings: Settings) -> OpenBackends:
@@ -61,3 +65,14 @@ def s3_backends(settings: Settings) -> OpenBackends:
             client.close()
 
     return open_backends
+
+
+def s3_writer(settings: Settings) -> OpenWriter:
+    """Opens, for a publish, the aiobotocore store configured from `settings` (engine/upload.py)."""
+
+    def open_writer() -> contextlib.AbstractAsyncContextManager[S3]:
+        from modelsync.adapters.store.sdk import open_s3  # here: only a publish needs the SDK
+
+        return open_s3(settings)
+
+    return open_writer

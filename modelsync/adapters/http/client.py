@@ -37,7 +37,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from modelsync.adapters.http.answer import error_for_answer
@@ -57,6 +57,7 @@ from modelsync.adapters.http.route import (
     make_ssl_context,
     parse_url,
 )
+from modelsync.core.ranges import RangeRequest
 from modelsync.errors import (
     TransientFetchError,
     UnexpectedResponseError,
@@ -64,7 +65,6 @@ from modelsync.errors import (
 
 __all__ = [
     "RangeClient",
-    "RangeRequest",
     "RateLimiter",
     "SmallAnswer",
     "environ_proxy",
@@ -83,24 +83,6 @@ class SmallAnswer:
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class RangeRequest:
-    """One ranged GET: bytes ``[start, end)`` of the object at ``url``.
-
-    ``etag`` becomes ``If-Match`` so a range of a different object version is
-    refused (412) instead of being stitched into the file. ``size_bytes``, the
-    object's size as the manifest or listing gives it, must be the size the
-    answer states, or the answer is refused with SizeMismatchError.
-    """
-
-    url: str
-    start: int
-    end: int
-    etag: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    size_bytes: int | None = None
 
 
 class _ThreadBuffer(threading.local):

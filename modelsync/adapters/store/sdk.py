@@ -149,7 +149,7 @@ class S3:
         )
 
     async def require_bucket(self, bucket: str) -> None:
-        """Fail before any upload when the destination bucket is missing: publish never creates one."""
+        """Fail before any upload when the destination bucket is missing: a publish never creates one."""
         with s3_errors(f"checking bucket {bucket}", bucket):
             try:
                 await self._client.head_bucket(Bucket=bucket)

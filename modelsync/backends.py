@@ -42,10 +42,11 @@ def s3_backends(settings: Settings) -> OpenBackends:
     @contextlib.asynccontextmanager
     async def open_backends() -> AsyncIterator[Backends]:
         # here, not at the top: a `pull` of a ready model imports neither the store nor TLS
-        from modelsync.adapters.http.client import RangeClient, make_ssl_context
+        from modelsync.adapters.http.client import RangeClient
+        from modelsync.adapters.http.tls import is_https, make_ssl_context
         from modelsync.adapters.store.data_plane import open_store
 
-        https = (settings.endpoint_url or "https://").startswith("https")
+        https = is_https(settings.endpoint_url)
         if https and settings.ca_bundle and not settings.insecure:
             check_ca_bundle(settings.ca_bundle)  # the file may have changed since the settings were read
         limit = settings.max_bandwidth_bytes_per_s

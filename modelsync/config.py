@@ -171,16 +171,6 @@ def check_ca_bundle(path: str) -> None:
         raise CaBundleError(_no_certificate(path))
 
 
-def sdk_verify(settings: Settings) -> bool | str | None:
-    """The S3 SDK's `verify`: off with `insecure`, else the CA bundle, checked here for an
-    https endpoint (the SDK builds its TLS context from it; a bad one is one line, exit 2)."""
-    if settings.insecure:
-        return False
-    if settings.ca_bundle and (settings.endpoint_url or "https://").startswith("https"):
-        check_ca_bundle(settings.ca_bundle)
-    return settings.ca_bundle
-
-
 @functools.lru_cache(maxsize=8)
 def _loads(path: str, _ino: int, _mtime_ns: int, _size: int) -> bool:
     """Whether this version of the bundle (the file's identity is part of the key) loads."""

@@ -28,8 +28,9 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
+from modelsync.adapters.http.tls import is_https
 from modelsync.adapters.store.sdk_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
-from modelsync.config import Settings, sdk_verify
+from modelsync.config import Settings, check_ca_bundle
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
@@ -320,6 +321,16 @@ def client_config(settings: Settings) -> AioConfig:
         max_pool_connections=max(10, settings.concurrency),
         # A manifest or listing is small; checksums of full GETs stay on (botocore's default).
     )
+
+
+def sdk_verify(settings: Settings) -> bool | str | None:
+    """The S3 SDK's `verify`: off with `insecure`, else the CA bundle, checked here for an
+    https endpoint (the SDK builds its TLS context from it; a bad one is one line, exit 2)."""
+    if settings.insecure:
+        return False
+    if settings.ca_bundle and is_https(settings.endpoint_url):
+        check_ca_bundle(settings.ca_bundle)
+    return settings.ca_bundle
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,6 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -29,13 +28,14 @@ from botocore.exceptions import (
 )
 
 from modelsync.adapters.http.tls import is_https
+from modelsync.adapters.store.presign import Presigner
 from modelsync.adapters.store.sdk_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
 from modelsync.config import Settings, check_ca_bundle
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
-from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
+from modelsync.core.sigv4 import Credentials
 from modelsync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -58,7 +58,7 @@ class S3:
     def __init__(self, client: Any, policy: RetryPolicy | None = None, credentials: Any = None) -> None:
         self._client = client
         self._policy = policy or RetryPolicy()
-        self._signer = CachedPresigner()
+        self._presigner = Presigner()
         #: the credentials object the client signs with (its session's, `get_credentials`); None:
         #: unknown, so every URL is signed by botocore
         self._credentials = credentials
@@ -185,8 +185,8 @@ class S3:
         process with an Expiration) before they run out when it hands them out, so a
         URL signed late in a long pull carries fresh ones. botocore signs the first
         URL of a bucket and so decides its layout (endpoint, path or virtual host,
-        signing region); the rest are signed by core.sigv4 with a cached key (10 µs a
-        URL against 0.75 ms here), once that signer has reproduced botocore's URL.
+        signing region); the rest are signed by adapters/store/presign.py (10 µs a
+        URL against 0.75 ms here), once it has reproduced botocore's URL.
         """
         expires_s = max(1, int(expiry_s))
         with s3_errors(f"signing a URL for s3://{bucket}/{key}", bucket):
@@ -194,13 +194,13 @@ class S3:
             if self._credentials is not None:
                 frozen = await self._credentials.get_frozen_credentials()
                 creds = Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-            url = self._signer.sign(bucket, key, creds, dt.datetime.now(dt.UTC), expires_s) if creds else None
+            url = self._presigner.sign(bucket, key, creds, dt.datetime.now(dt.UTC), expires_s)
             if url is None:
                 url = await self._client.generate_presigned_url(
                     "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_s
                 )
                 if creds is not None:
-                    self._signer.learn(bucket, key, creds, url)
+                    self._presigner.learn(bucket, key, creds, url)
         return url
 
     async def renew_credentials(self) -> None:
@@ -269,46 +269,6 @@ class S3:
             s3_errors(f"aborting s3://{bucket}/{key}", bucket),
         ):
             await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-
-
-class CachedPresigner:
-    """Signs GET URLs with core.sigv4 for buckets whose URL layout botocore has shown.
-
-    `learn` takes one of botocore's presigned URLs and keeps the bucket's base URL and
-    signing region only if core.sigv4 reproduces that URL's signature for the same
-    inputs; otherwise (another signature version, a layout it does not know) botocore
-    keeps signing every URL of that bucket.
-    """
-
-    def __init__(self) -> None:
-        self._bases: dict[str, tuple[str, QuerySigner] | None] = {}
-
-    def sign(self, bucket: str, key: str, creds: Credentials, now: dt.datetime, expires_s: int) -> str | None:
-        known = self._bases.get(bucket)
-        if known is None:
-            return None
-        base, signer = known
-        return signer.presign_get(base + quote_key(key), creds, now, expires_s)
-
-    def learn(self, bucket: str, key: str, creds: Credentials, url: str) -> None:
-        if bucket in self._bases:
-            return
-        self._bases[bucket] = None
-        target, _, query = url.partition("?")
-        params = dict(parse_qsl(query))
-        scope = params.get("X-Amz-Credential", "").split("/")
-        suffix = "/" + quote_key(key)
-        if len(scope) != 5 or scope[3] != "s3" or not target.endswith(suffix) or "X-Amz-Date" not in params:
-            return
-        try:
-            when = dt.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
-            expires_s = int(params["X-Amz-Expires"])
-        except (KeyError, ValueError):
-            return
-        signer = QuerySigner(scope[2])
-        ours, _, our_query = signer.presign_get(target, creds, when, expires_s).partition("?")
-        if ours == target and dict(parse_qsl(our_query)) == params:
-            self._bases[bucket] = (target[: -len(suffix) + 1], signer)
 
 
 def client_config(settings: Settings) -> AioConfig:

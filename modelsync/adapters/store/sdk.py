@@ -27,10 +27,10 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
-from modelsync.adapters.http.tls import is_https
+from modelsync.adapters.http.tls import checked_ca_bundle
 from modelsync.adapters.store.presign import Presigner
 from modelsync.adapters.store.sdk_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
-from modelsync.config import Settings, check_ca_bundle
+from modelsync.config import Settings
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
@@ -284,13 +284,9 @@ def client_config(settings: Settings) -> AioConfig:
 
 
 def sdk_verify(settings: Settings) -> bool | str | None:
-    """The S3 SDK's `verify`: off with `insecure`, else the CA bundle, checked here for an
+    """The S3 SDK's `verify`: off with `insecure`, else the CA bundle, checked first for an
     https endpoint (the SDK builds its TLS context from it; a bad one is one line, exit 2)."""
-    if settings.insecure:
-        return False
-    if settings.ca_bundle and is_https(settings.endpoint_url):
-        check_ca_bundle(settings.ca_bundle)
-    return settings.ca_bundle
+    return False if settings.insecure else checked_ca_bundle(settings)
 
 
 @contextlib.asynccontextmanager
@@ -314,4 +310,4 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
         verify=verify,
     ) as client:
         # the session resolved the client's credentials once and keeps that object
-        yield S3(client, settings.retry_policy(), await session.get_credentials())
+        yield S3(client, RetryPolicy.of(settings), await session.get_credentials())

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from modelsync.adapters.http.rate_limit import TokenBucket
-from modelsync.config import Settings, check_ca_bundle
-from modelsync.engine.ports import Backends, OpenBackends
+from modelsync.config import Settings
+from modelsync.core.retry import RetryPolicy
+from modelsync.engine.ports import Backends, OpenBackends, OpenWriter
 from modelsync.engine.throttle import store_gate
+
+if TYPE_CHECKING:
+    from modelsync.adapters.store.sdk import S3
 
 
 def s3_backends(settings: Settings) -> OpenBackends:
@@ -33,22 +38,18 @@ def s3_backends(settings: Settings) -> OpenBackends:
     per pull, as the plan assumes; the store's gate is the process's, so every
     pull of one store slows down together while it throttles.
     """
-    gate = store_gate(settings.endpoint_url or f"aws:{settings.region}", settings.retry_policy().time_scale)
+    gate = store_gate(settings.endpoint_url or f"aws:{settings.region}", RetryPolicy.of(settings).time_scale)
 
     @contextlib.asynccontextmanager
     async def open_backends() -> AsyncIterator[Backends]:
         # here, not at the top: a `pull` of a ready model imports neither the store nor TLS
-        from modelsync.adapters.http.client import RangeClient, make_ssl_context
+        from modelsync.adapters.http.client import RangeClient
+        from modelsync.adapters.http.tls import data_plane_context
         from modelsync.adapters.store.data_plane import open_store
 
-        https = (settings.endpoint_url or "https://").startswith("https")
-        if https and settings.ca_bundle and not settings.insecure:
-            check_ca_bundle(settings.ca_bundle)  # the file may have changed since the settings were read
         limit = settings.max_bandwidth_bytes_per_s
         client = RangeClient(
-            ssl_context=make_ssl_context(ca_bundle=settings.ca_bundle, insecure=settings.insecure)
-            if https
-            else None,
+            ssl_context=data_plane_context(settings),
             connect_timeout_s=settings.connect_timeout_s,
             read_timeout_s=settings.read_timeout_s,
             buffer_bytes=settings.read_chunk_bytes,
@@ -61,3 +62,14 @@ def s3_backends(settings: Settings) -> OpenBackends:
             client.close()
 
     return open_backends
+
+
+def s3_writer(settings: Settings) -> OpenWriter:
+    """Opens, for a publish, the aiobotocore store configured from `settings` (engine/upload.py)."""
+
+    def open_writer() -> contextlib.AbstractAsyncContextManager[S3]:
+        from modelsync.adapters.store.sdk import open_s3  # here: only a publish needs the SDK
+
+        return open_s3(settings)
+
+    return open_writer

@@ -14,12 +14,11 @@ and not yet hashed (engine/backlog.py), the rest written behind and dropped.
 from __future__ import annotations
 
 import binascii
-import functools
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelsync.config_file import check_text, file_text, read_config_file, read_regular_file
 from modelsync.config_values import (
@@ -59,9 +58,6 @@ from modelsync.core.signature import (
 )
 from modelsync.core.units import MIN_RATE_CAP_BYTES_PER_S, parse_size
 from modelsync.errors import CaBundleError, ConfigError, UsageError
-
-if TYPE_CHECKING:
-    from modelsync.core.retry import RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,54 +140,6 @@ class Settings:
     #: per bucket or prefix: `[[manifest_rules]]` tables in the config file, a JSON list in the environment
     manifest_rules: tuple[ManifestRule, ...] = field(default=(), metadata={"env": "MODELSYNC_MANIFEST_RULES"})
 
-    def retry_policy(self) -> RetryPolicy:
-        """The retry schedule both planes follow (budget, attempts, floor)."""
-        from modelsync.core.retry import RetryPolicy  # here: commands that never fetch need not load it
-
-        return RetryPolicy(budget_s=self.retry_budget_s, attempts=self.part_attempts).scaled(
-            self.backoff_floor_s / RetryPolicy().throttle_floor_s
-        )
-
-
-def check_ca_bundle(path: str) -> None:
-    """The file holds PEM certificates that load; else CaBundleError (exit 2, a configuration problem).
-
-    Called where a TLS context is built (a client for an https endpoint): a bundle swapped
-    in while the daemon runs would otherwise surface as an ssl.SSLError traceback. Loading
-    costs ~25 ms for the system bundle, which only a connection needs to pay, and only once
-    per version of the file (a pull builds two clients).
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise CaBundleError(_no_ca_file(path)) from None
-    except OSError:
-        raise CaBundleError(_no_certificate(path)) from None
-    if not _loads(path, st.st_ino, st.st_mtime_ns, st.st_size):
-        raise CaBundleError(_no_certificate(path))
-
-
-def sdk_verify(settings: Settings) -> bool | str | None:
-    """The S3 SDK's `verify`: off with `insecure`, else the CA bundle, checked here for an
-    https endpoint (the SDK builds its TLS context from it; a bad one is one line, exit 2)."""
-    if settings.insecure:
-        return False
-    if settings.ca_bundle and (settings.endpoint_url or "https://").startswith("https"):
-        check_ca_bundle(settings.ca_bundle)
-    return settings.ca_bundle
-
-
-@functools.lru_cache(maxsize=8)
-def _loads(path: str, _ino: int, _mtime_ns: int, _size: int) -> bool:
-    """Whether this version of the bundle (the file's identity is part of the key) loads."""
-    import ssl
-
-    try:
-        ssl.create_default_context(cafile=path)
-    except (ssl.SSLError, OSError, ValueError):
-        return False
-    return True
-
 
 #: the system bundle is about 220 KiB
 MAX_CA_BUNDLE_BYTES = 16 * MiB
@@ -203,14 +151,14 @@ def _ca_bundle(text: str) -> str | None:
 
     So a placeholder left in the CA ConfigMap fails every command, and the daemon's
     start, with one line and exit 2, while a warm pull (which opens no connection) does
-    not pay for loading the bundle; `check_ca_bundle` loads it where TLS is set up.
+    not pay for loading the bundle; `adapters/http/tls.check_ca_bundle` loads it where TLS is set up.
     """
     if not text:
         return None
     try:
         pem = read_regular_file(text, MAX_CA_BUNDLE_BYTES)
     except FileNotFoundError:
-        raise CaBundleError(_no_ca_file(text)) from None
+        raise CaBundleError(missing_ca_bundle(text)) from None
     except OSError as exc:
         raise CaBundleError(f"{text} cannot be read: {exc.strerror}") from None
     except ValueError as exc:  # a named pipe, a directory, or far too large to be a CA bundle
@@ -222,15 +170,17 @@ def _ca_bundle(text: str) -> str | None:
     except binascii.Error:
         der = b""
     if not der.startswith(b"\x30"):  # a DER certificate is an ASN.1 SEQUENCE
-        raise CaBundleError(_no_certificate(text))
+        raise CaBundleError(no_pem_certificate(text))
     return text
 
 
-def _no_ca_file(path: str) -> str:
+def missing_ca_bundle(path: str) -> str:
+    """The refusal of a CA bundle path with no file, here and where TLS is set up alike."""
     return f"{path} does not exist; mount the object store's CA there"
 
 
-def _no_certificate(path: str) -> str:
+def no_pem_certificate(path: str) -> str:
+    """The refusal of a CA bundle that holds no certificate, here and where TLS is set up alike."""
     return (f"{path} holds no PEM certificate; put the object store's CA "
             "(-----BEGIN CERTIFICATE----- ...) there")
 

@@ -90,7 +90,7 @@ def run_demo(keep: bool) -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
-    from modelsync.backends import s3_backends
+    from modelsync.backends import s3_backends, s3_writer
     from modelsync.engine.ensure import ensure_ready
     from modelsync.engine.rules import pull_rules
     from modelsync.engine.upload import upload
@@ -120,7 +120,7 @@ def run_demo(keep: bool) -> None:
 
         t = time.monotonic()
         asyncio.run(_create_bucket(settings, ref.bucket))
-        result = asyncio.run(upload(settings, work / "model", ref))
+        result = asyncio.run(upload(settings, work / "model", ref, writer=s3_writer(settings)))
         say(f"published {result.files} files to {ref.uri} with a manifest ({elapsed(t)})")
 
         cold = ensure_ready(pull_rules(settings, ref), backends=s3_backends(settings))

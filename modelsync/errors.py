@@ -106,6 +106,22 @@ class WrongEndpointError(UsageError):
 
     code = "wrong_endpoint"
 
+    @classmethod
+    def redirect(
+        cls, what: str, answer: str, *, to: str | None = None, region: str | None = None
+    ) -> WrongEndpointError:
+        """The one wording of a redirect, from the SDK or the data plane: what was asked, the
+        store's `answer` (status or code), where it points, and what to set to fix it."""
+        pieces = [f"{what}: the store redirects ({answer})"]
+        if to:
+            pieces.append(f"to {to}")
+        if region:
+            pieces.append(f"(the bucket is in region {region})")
+        return cls(
+            " ".join(pieces) + "; the endpoint or region is wrong: set AWS_ENDPOINT_URL (--endpoint-url) "
+            "and AWS_REGION (--region) to where the bucket lives"
+        )
+
 
 class NestedModelError(UsageError):
     """A model's prefix would contain a ready model, or lie inside one: each would hold the other's files."""

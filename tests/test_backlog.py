@@ -12,12 +12,12 @@ import pytest
 from support.fakes import FakeFetcher, FakeStore, fake_backends
 
 from modelsync.adapters.digest import PrefixHasher
-from modelsync.adapters.http.client import RangeRequest
 from modelsync.config import Settings
 from modelsync.core.parts import Part
 from modelsync.core.refs import parse_source
 from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.ensure import ReadyOptions, ensure_ready
+from modelsync.engine.ports import RangeRequest
 from modelsync.engine.rules import pull_rules
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from modelsync.config import Settings, check_ca_bundle, load_settings
+from modelsync.adapters.http.tls import check_ca_bundle
+from modelsync.config import Settings, load_settings
 from modelsync.errors import CaBundleError, UsageError
 
 

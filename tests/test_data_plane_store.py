@@ -34,13 +34,8 @@ from support.s3env import S3Env
 from support.seaweedfs import SeaweedFS
 
 from modelsync.adapters.http.client import RangeClient
-from modelsync.adapters.store.data_plane import (
-    DataPlaneStore,
-    StaticRoute,
-    body_intact,
-    open_store,
-    static_route,
-)
+from modelsync.adapters.store.data_plane import DataPlaneStore, body_intact, open_store
+from modelsync.adapters.store.presign import StaticRoute, static_route
 from modelsync.adapters.store.sdk import S3, open_s3
 from modelsync.backends import s3_backends
 from modelsync.config import Settings

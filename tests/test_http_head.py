@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelsync.adapters.http.answer import error_for_answer, redirect_detail, retry_after_s, url_expired
+from modelsync.adapters.http.answer import error_for_answer, retry_after_s, url_expired
 from modelsync.adapters.http.head import (
     MAX_HEAD_BYTES,
     ResponseHead,
@@ -362,13 +362,22 @@ def test_url_expiry_allows_a_little_clock_difference(expires_in_s: int, now: flo
 
 
 def test_a_redirect_says_where_the_bucket_lives() -> None:
-    detail = redirect_detail(
+    error = error_for_answer(
         301,
-        "PermanentRedirect",
         {"x-amz-bucket-region": "eu-west-1"},
-        b"<Error><Endpoint>b.s3.eu-west-1.amazonaws.com</Endpoint></Error>",
+        b"<Error><Code>PermanentRedirect</Code><Endpoint>b.s3.eu-west-1.amazonaws.com</Endpoint></Error>",
+        url="http://s3/b/k",
+        where="http://s3/b/k bytes 0-9",
+        proxy_netloc=None,
+        now=0.0,
     )
-    assert "to b.s3.eu-west-1.amazonaws.com (the bucket is in region eu-west-1)" in detail
+    assert isinstance(error, WrongEndpointError)
+    assert str(error) == (
+        "http://s3/b/k bytes 0-9: the store redirects (301 PermanentRedirect) to "
+        "b.s3.eu-west-1.amazonaws.com (the bucket is in region eu-west-1); the endpoint or region is wrong: "
+        "set AWS_ENDPOINT_URL "
+        "(--endpoint-url) and AWS_REGION (--region) to where the bucket lives"
+    )
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ import modelsync.adapters.fs as fs_adapter
 import modelsync.adapters.http.body as body_copy
 from modelsync.adapters.cache import STATE_DIR, Cache
 from modelsync.adapters.fs import in_memory
+from modelsync.backends import s3_writer
 from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
@@ -166,7 +167,7 @@ def publish_model(
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_bytes(data)
         settings = Settings(endpoint_url=s3_env.endpoint_url, part_size_bytes=5 * MiB, concurrency=4)
-        asyncio.run(upload(settings, src, model_ref(bucket)))
+        asyncio.run(upload(settings, src, model_ref(bucket), writer=s3_writer(settings)))
 
     return run
 

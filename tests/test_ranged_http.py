@@ -27,7 +27,9 @@ from botocore.httpsession import ProxyConfiguration
 from botocore.utils import get_environ_proxies
 from support.tinyproxy import TinyProxy, tinyproxy_binary
 
-from modelsync.adapters.http.client import RangeClient, RangeRequest, environ_proxy, make_ssl_context
+from modelsync.adapters.http.client import RangeClient, environ_proxy
+from modelsync.adapters.http.tls import make_ssl_context
+from modelsync.core.ranges import RangeRequest
 from modelsync.errors import (
     AccessDeniedError,
     DiskFullError,

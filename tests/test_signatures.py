@@ -32,6 +32,7 @@ from support.safetensors import header_bytes, safetensors_file
 from test_cli_errors import assert_user_error
 
 from modelsync.adapters.cache import Cache
+from modelsync.backends import s3_writer
 from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, parse_manifest, render_manifest
 from modelsync.core.refs import ModelRef, parse_source
@@ -178,7 +179,7 @@ def publish_dir(
             write_dir(directory, model_files() if files is None else files)
         settings = Settings(endpoint_url=s3_env.endpoint_url, part_size_bytes=5 * MiB, concurrency=4)
         signing = SigningKey(keys["release"].private) if signed else None
-        asyncio.run(upload(settings, directory, ref, signing=signing))
+        asyncio.run(upload(settings, directory, ref, signing=signing, writer=s3_writer(settings)))
 
     return run
 

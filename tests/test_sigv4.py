@@ -87,11 +87,11 @@ def test_repr_hides_secrets() -> None:
 
 
 def test_the_s3_adapter_signs_like_botocore_after_learning_a_bucket() -> None:
-    """CachedPresigner keeps a bucket only when it reproduces botocore's URL, then signs alike."""
-    from modelsync.adapters.store.sdk import CachedPresigner
+    """The presigner keeps a bucket only when it reproduces botocore's URL, then signs alike."""
+    from modelsync.adapters.store.presign import Presigner
 
     creds = Credentials("AKIDEXAMPLE", "secret/key+", "a-session-token")
-    cached = CachedPresigner()
+    cached = Presigner()
     first = botocore_url("http://127.0.0.1:9000", "eu-west-1", "path", creds, "bkt", KEYS[0], 3600)
     assert cached.sign("bkt", KEYS[1], creds, dt.datetime.now(dt.UTC), 3600) is None
     cached.learn("bkt", KEYS[0], creds, first)
@@ -105,10 +105,10 @@ def test_the_s3_adapter_signs_like_botocore_after_learning_a_bucket() -> None:
 
 
 def test_the_s3_adapter_leaves_a_url_it_cannot_reproduce_to_botocore() -> None:
-    from modelsync.adapters.store.sdk import CachedPresigner
+    from modelsync.adapters.store.presign import Presigner
 
     creds = Credentials("AKIDEXAMPLE", "secret")
-    cached = CachedPresigner()
+    cached = Presigner()
     first = botocore_url("http://127.0.0.1:9000", "us-east-1", "path", creds, "bkt", KEYS[0], 60)
     cached.learn("bkt", KEYS[0], creds, first.replace("X-Amz-Signature=", "X-Amz-Signature=0"))
     assert cached.sign("bkt", KEYS[1], creds, dt.datetime.now(dt.UTC), 60) is None

@@ -182,6 +182,7 @@ def publish(
     """
     import asyncio
 
+    from modelsync.backends import s3_writer
     from modelsync.core.units import format_bytes
     from modelsync.engine.upload import SigningKey, upload
     from modelsync.progress import StderrProgress
@@ -207,7 +208,7 @@ def publish(
         signing = SigningKey(sign_key, sign_cert, tuple(sign_chain or ()), settings.signature_name)
     progress = StderrProgress(ref.uri, quiet=quiet, verb="upload")
     try:
-        result = asyncio.run(upload(settings, directory, ref, progress, signing))
+        result = asyncio.run(upload(settings, directory, ref, progress, signing, writer=s3_writer(settings)))
     finally:
         progress.close()
     if not quiet:

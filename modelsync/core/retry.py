@@ -27,6 +27,7 @@ import math
 import time
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
@@ -136,6 +137,17 @@ def missing_object(status: int, code: str | None = None) -> bool:
 # -- backoff --------------------------------------------------------------------------
 
 
+class RetryLimits(Protocol):
+    """The three settings a retry schedule is made from (`modelsync.config.Settings` has them)."""
+
+    @property
+    def retry_budget_s(self) -> float: ...
+    @property
+    def part_attempts(self) -> int: ...
+    @property
+    def backoff_floor_s(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How long a part keeps trying, and how it spaces its attempts.
@@ -159,6 +171,13 @@ class RetryPolicy:
     error_cap_s: float = 5.0
     #: the factor `scaled` applied to the waits; a `SendGate` of the same store takes it too
     time_scale: float = 1.0
+
+    @classmethod
+    def of(cls, limits: RetryLimits) -> RetryPolicy:
+        """The schedule both planes follow for these limits (budget, attempts, throttling floor)."""
+        return cls(budget_s=limits.retry_budget_s, attempts=limits.part_attempts).scaled(
+            limits.backoff_floor_s / cls().throttle_floor_s
+        )
 
     def scaled(self, factor: float) -> RetryPolicy:
         """The same shape with every wait of its own multiplied by `factor`: how tests keep backoff short.

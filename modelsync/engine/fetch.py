@@ -27,7 +27,6 @@ from typing import TypeVar
 from modelsync.adapters import fs
 from modelsync.adapters.cache import Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher, sha256_slots
-from modelsync.adapters.http.client import RangeRequest
 from modelsync.config import Settings
 from modelsync.core.parts import FileWork, Part, RemoteFile
 from modelsync.core.refs import ModelRef
@@ -36,7 +35,7 @@ from modelsync.core.units import format_bytes, format_duration
 from modelsync.core.verify import empty_but_etag_says_not, misstated_size
 from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.events import PullEvents
-from modelsync.engine.ports import Backends, ObjectStore, RangeFetcher
+from modelsync.engine.ports import Backends, ObjectStore, RangeFetcher, RangeRequest
 from modelsync.engine.tasks import first_error
 from modelsync.engine.throttle import StoreGate
 from modelsync.engine.transfer_threads import TransferThreads

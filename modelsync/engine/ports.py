@@ -14,12 +14,23 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from modelsync.core.ranges import RangeRequest
 from modelsync.core.refs import ModelRef
 from modelsync.engine.throttle import StoreGate
 
-if TYPE_CHECKING:  # importing the data plane would slow a warm `pull` that never fetches
-    from modelsync.adapters.http.client import RangeRequest
+if TYPE_CHECKING:
     from modelsync.core.parts import ObjectInfo
+
+#: the fetcher port's request type, owned by the port and defined in core so the adapter can name it
+__all__ = [
+    "Backends",
+    "ObjectStore",
+    "ObjectWriter",
+    "OpenBackends",
+    "OpenWriter",
+    "RangeFetcher",
+    "RangeRequest",
+]
 
 
 class ObjectStore(Protocol):
@@ -64,6 +75,43 @@ class RangeFetcher(Protocol):
         """Abort: every transfer blocked in this fetcher returns at once, and no new one starts."""
 
 
+class ObjectWriter(Protocol):
+    """What a publish needs: the reads that tell what the prefix holds, and the writes.
+
+    adapters/store/sdk.py `S3` (aiobotocore); the engine's upload never opens it itself.
+    """
+
+    async def require_bucket(self, bucket: str) -> None:
+        """Fail before any upload when the bucket is missing: a publish never creates one."""
+
+    async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
+        """Every object under the model's prefix; an empty prefix is NotFoundError."""
+
+    async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
+        """The manifest's bytes, or None when the model has none."""
+
+    async def first_part_bytes(self, bucket: str, key: str) -> int | None:
+        """Size of part 1 of a multipart object, the slice its ETag was computed over."""
+
+    async def put_bytes(self, bucket: str, key: str, data: bytes) -> str:
+        """Write one whole object; its ETag."""
+
+    async def delete(self, bucket: str, key: str) -> None:
+        """Remove one object."""
+
+    async def start_multipart(self, bucket: str, key: str) -> str:
+        """Begin a multipart upload; its id."""
+
+    async def upload_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
+        """Send part `number` (from 1); its ETag."""
+
+    async def complete_multipart(self, bucket: str, key: str, upload_id: str, etags: list[str]) -> str:
+        """Join the parts, in order, into the object; its ETag."""
+
+    async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        """Drop an unfinished multipart upload and its parts."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backends:
     store: ObjectStore
@@ -76,3 +124,6 @@ class Backends:
 
 #: opens the backends of one pull (in the pull's event loop) and closes them after it
 OpenBackends = Callable[[], AbstractAsyncContextManager[Backends]]
+
+#: opens the object store a publish writes to (in the upload's event loop) and closes it after
+OpenWriter = Callable[[], AbstractAsyncContextManager[ObjectWriter]]

@@ -42,6 +42,7 @@ from modelsync.core.parts import (
     plan_pull,
 )
 from modelsync.core.record import CompletionRecord, weakest
+from modelsync.core.retry import RetryPolicy
 from modelsync.core.units import format_bytes
 from modelsync.core.verify import (
     after_corrupt_fetch,
@@ -183,7 +184,7 @@ class _Puller:
             self.backends = backends
             if self.aborted:
                 backends.fetcher.close()
-            policy = self.settings.retry_policy()
+            policy = RetryPolicy.of(self.settings)
             self.window = FetchWindow(
                 self.settings, self.ref, backends, self.staging, self.events, policy, backends.gate
             )

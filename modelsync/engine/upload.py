@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from modelsync.adapters import model_files
 from modelsync.adapters.digest import FileDigest, hash_fd, xxh3_of
-from modelsync.adapters.store.sdk import S3, open_s3
 from modelsync.config import Settings
 from modelsync.core.completeness import PUBLISHING_NAME
 from modelsync.core.etag import EtagKind, etag_kind, multipart_etag
@@ -34,6 +33,7 @@ from modelsync.core.refs import ModelRef
 from modelsync.core.signature import DEFAULT_SIGNATURE_NAME
 from modelsync.core.verify import md5_part_bytes, needs_first_part
 from modelsync.engine.events import NoEvents, PullEvents
+from modelsync.engine.ports import ObjectWriter, OpenWriter
 from modelsync.engine.tasks import first_error
 from modelsync.errors import ManifestError, NotFoundError, UsageError
 
@@ -93,8 +93,11 @@ async def upload(
     ref: ModelRef,
     events: PullEvents | None = None,
     signing: SigningKey | None = None,
+    *,
+    writer: OpenWriter,
 ) -> UploadResult:
-    """Upload `directory` to `ref`, sign it when `signing` is given, and write the manifest last.
+    """Upload `directory` to `ref` through the store `writer` opens (the edge's
+    `modelsync.backends.s3_writer`), sign it when `signing` is given, and write the manifest last.
 
     The prefix is marked (`modelsync.publishing`) before its first object and the
     mark removed only after the manifest, so a pull never takes a publish in
@@ -116,7 +119,7 @@ async def upload(
     file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
     events = events or NoEvents()
 
-    async with open_s3(settings) as s3:
+    async with writer() as s3:
         await s3.require_bucket(ref.bucket)
         there = await _already_there(s3, ref)
         await s3.put_bytes(ref.bucket, ref.prefix + PUBLISHING_NAME, json.dumps({"at": time.time()}).encode())
@@ -162,7 +165,7 @@ class _There:
     manifest: bool
 
 
-async def _already_there(s3: S3, ref: ModelRef) -> _There:
+async def _already_there(s3: ObjectWriter, ref: ModelRef) -> _There:
     try:
         listing = await s3.list_model(ref)
     except NotFoundError:
@@ -185,7 +188,7 @@ class _Sent(NamedTuple):
 
 
 async def _upload_signature(
-    s3: S3, ref: ModelRef, name: str, signer: Signer, sha256s: list[tuple[str, str]]
+    s3: ObjectWriter, ref: ModelRef, name: str, signer: Signer, sha256s: list[tuple[str, str]]
 ) -> FileEntry:
     """Sign the uploaded files' digests and upload the bundle as `name`; its manifest entry."""
     model_name = ref.prefix.rstrip("/").rpartition("/")[2]
@@ -200,7 +203,7 @@ class _Sender:
 
     def __init__(
         self,
-        s3: S3,
+        s3: ObjectWriter,
         settings: Settings,
         window: asyncio.Semaphore,
         ref: ModelRef,
@@ -258,7 +261,7 @@ def _same(remote: ObjectInfo, old: FileEntry | None, digest: FileDigest, md5_par
 
 
 async def _multipart(
-    s3: S3,
+    s3: ObjectWriter,
     window: asyncio.Semaphore,
     bucket: str,
     key: str,

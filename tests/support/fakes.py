@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from modelsync.adapters.http.client import RangeRequest
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
-from modelsync.engine.ports import Backends, OpenBackends
+from modelsync.engine.ports import Backends, OpenBackends, RangeRequest
 from modelsync.errors import NotFoundError, ObjectChangedError, TransientFetchError
 
 _SCHEME = "fake://"

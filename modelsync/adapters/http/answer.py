@@ -74,7 +74,12 @@ def error_for_answer(
     if verdict is Verdict.CHANGED:
         return ObjectChangedError(f"{where}: {detail}; the object changed since it was listed, pull again")
     if verdict is Verdict.REDIRECT:
-        return WrongEndpointError(f"{where}: {redirect_detail(status, code, headers, body)}")
+        return WrongEndpointError.redirect(
+            where,
+            f"{status}{' ' + code if code else ''}",
+            to=redirect_target(headers, body),
+            region=headers.get("x-amz-bucket-region"),
+        )
     return UnexpectedResponseError(f"{where}: unexpected status {detail}")
 
 
@@ -103,22 +108,10 @@ def url_expired(url: str, date_header: str | None, now: float) -> bool:
     return now + EXPIRY_SLACK_S >= expiry
 
 
-def redirect_detail(status: int, code: str | None, headers: Mapping[str, str], body: bytes) -> str:
-    """Say where a redirect points, so the user can fix the endpoint or the region."""
-    where = headers.get("location")
+def redirect_target(headers: Mapping[str, str], body: bytes) -> str | None:
+    """Where a redirect points (its Location, else S3's <Endpoint>), so the user can fix the endpoint."""
     endpoint = _XML_ENDPOINT.search(body)
-    if where is None and endpoint is not None:
-        where = endpoint.group(1).decode("ascii", "replace")
-    region = headers.get("x-amz-bucket-region")
-    pieces = [f"the store redirects ({status}{' ' + code if code else ''})"]
-    if where:
-        pieces.append(f"to {where}")
-    if region:
-        pieces.append(f"(the bucket is in region {region})")
-    return (
-        " ".join(pieces) + "; the endpoint or region is wrong: set AWS_ENDPOINT_URL (--endpoint-url) "
-        "and AWS_REGION (--region) to where the bucket lives"
-    )
+    return headers.get("location") or (endpoint.group(1).decode("ascii", "replace") if endpoint else None)
 
 
 def retry_after_s(value: str | None) -> float | None:

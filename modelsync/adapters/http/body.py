@@ -9,13 +9,13 @@ says how many, so the caller resumes exactly there.
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 from collections.abc import Callable
 from typing import Protocol
 
-from modelsync.errors import DiskFullError, LocalStorageError, TransientFetchError
+from modelsync.adapters.fs import storage_error
+from modelsync.errors import LocalStorageError, TransientFetchError
 
 #: How often a transfer reports progress. Every report takes two locks and a clock read while
 #: holding the interpreter lock; once per 1 MiB buffer that was a per-byte cost of the serial
@@ -85,20 +85,26 @@ def receive_into_file(
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> int:
-    """Write all of ``data`` at ``offset``; a full disk is DiskFullError, else LocalStorageError."""
+    """Write all of ``data`` at ``offset``; a failure is ``fs.storage_error``'s (full disk: DiskFullError)."""
     done = 0
     total = len(data)
     while done < total:
         try:
             n = os.pwrite(fd, data[done:], offset + done)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError(f"no space left writing the download: {exc}") from exc
-            raise LocalStorageError(f"cannot write the download: {exc}") from exc
+            raise storage_error(exc, _fd_path(fd)) from exc
         if n == 0:
             raise LocalStorageError("pwrite wrote nothing")
         done += n
     return total
+
+
+def _fd_path(fd: int) -> str:
+    """Where the file being written lives, for the error's message (Linux names it in /proc)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"the download (file descriptor {fd})"
 
 
 def transient_error(exc: OSError, written: int) -> TransientFetchError:

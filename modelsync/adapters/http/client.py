@@ -16,8 +16,8 @@ buffers), whatever the object or part size.
 
 This module is the socket and buffer loop only. The heads are rendered,
 parsed and checked by ``adapters/http/head.py`` (pure); a refusal is turned into
-its error by ``adapters/http/answer.py`` (pure); the route (proxy, tunnel,
-TLS trust) is ``adapters/http/route.py``.
+its error by ``adapters/http/answer.py`` (pure); the route (proxy, tunnel)
+is ``adapters/http/route.py``, its TLS trust ``adapters/http/tls.py``.
 
 Errors: permanent conditions raise ``modelsync.errors`` types (403, 404, 412,
 416, a redirect, a response that is not the range asked for). Everything worth
@@ -37,7 +37,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from modelsync.adapters.http.answer import error_for_answer
@@ -51,12 +51,8 @@ from modelsync.adapters.http.head import (
     render_request,
     size_mismatch,
 )
-from modelsync.adapters.http.route import (
-    Proxy,
-    environ_proxy,
-    make_ssl_context,
-    parse_url,
-)
+from modelsync.adapters.http.route import Proxy, environ_proxy, parse_url
+from modelsync.core.ranges import RangeRequest
 from modelsync.errors import (
     TransientFetchError,
     UnexpectedResponseError,
@@ -64,11 +60,9 @@ from modelsync.errors import (
 
 __all__ = [
     "RangeClient",
-    "RangeRequest",
     "RateLimiter",
     "SmallAnswer",
     "environ_proxy",
-    "make_ssl_context",
 ]
 
 #: Error bodies longer than this are not read; the connection is dropped instead.
@@ -83,24 +77,6 @@ class SmallAnswer:
     status: int
     headers: Mapping[str, str]
     body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class RangeRequest:
-    """One ranged GET: bytes ``[start, end)`` of the object at ``url``.
-
-    ``etag`` becomes ``If-Match`` so a range of a different object version is
-    refused (412) instead of being stitched into the file. ``size_bytes``, the
-    object's size as the manifest or listing gives it, must be the size the
-    answer states, or the answer is refused with SizeMismatchError.
-    """
-
-    url: str
-    start: int
-    end: int
-    etag: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    size_bytes: int | None = None
 
 
 class _ThreadBuffer(threading.local):
@@ -225,7 +201,7 @@ class RangeClient:
         endpoint, target = parse_url(url)
         proxy = self._conns.proxy(endpoint, url)
         extra: dict[str, str] = {}
-        if proxy is not None and endpoint.scheme == "http":
+        if proxy is not None and not endpoint.tls:
             # Through a forward proxy, plain http asks for the absolute URL (RFC 9112 3.2.2).
             target = f"http://{endpoint.netloc}{target}"
             if proxy.authorization:

@@ -122,9 +122,9 @@ class Connections:
         try:
             self._track(sock)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if proxy is not None and endpoint.scheme == "https":
+            if proxy is not None and endpoint.tls:
                 tunnel(sock, endpoint, proxy)
-            if endpoint.scheme == "https":
+            if endpoint.tls:
                 sock = self._tls(sock, endpoint)
                 sock.settimeout(self._read_timeout_s)
             elif self._wait_all:

@@ -1,4 +1,4 @@
-"""The route of the data plane to an endpoint: its address, the proxy on the way, TLS trust.
+"""The route of the data plane to an endpoint: its address and the proxy on the way.
 
 The proxy is the one botocore's control plane takes (``HTTPS_PROXY`` /
 ``HTTP_PROXY`` / ``NO_PROXY``, resolved by botocore's own functions), so both
@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import os
 import socket
-import ssl
 import sys
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from modelsync.adapters.http.head import MAX_HEAD_BYTES
+from modelsync.adapters.http.tls import is_https
 from modelsync.errors import (
     AccessDeniedError,
     RemoteUnavailableError,
@@ -29,7 +29,8 @@ from modelsync.errors import (
 class Endpoint:
     """Where a URL's requests go: one keep-alive connection per thread and endpoint."""
 
-    scheme: str
+    #: https: through a proxy, a CONNECT tunnel, then TLS end to end
+    tls: bool
     host: str
     port: int
     netloc: str
@@ -43,16 +44,6 @@ class Proxy:
     port: int
     netloc: str
     authorization: str | None
-
-
-def make_ssl_context(*, ca_bundle: str | None = None, insecure: bool = False) -> ssl.SSLContext:
-    """The TLS context for the data plane: system trust, a CA bundle, or (explicitly) none."""
-    if insecure:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
-    return ssl.create_default_context(cafile=ca_bundle)
 
 
 def environ_proxy(url: str) -> str | None:
@@ -80,12 +71,13 @@ def parse_url(url: str) -> tuple[Endpoint, str]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url.split('?', 1)[0]}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    tls = is_https(url)
+    port = parts.port or (443 if tls else 80)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
-    return Endpoint(parts.scheme, parts.hostname, port, netloc), target
+    return Endpoint(tls, parts.hostname, port, netloc), target
 
 
 def parse_proxy(url: str | None) -> Proxy | None:

@@ -17,15 +17,15 @@ opened on first need and closed with this store):
   token, a redirect, a failed connection, a malformed answer) is asked again of
   the SDK, so errors, retries and throttling are decided by the code that
   decides them for every other read (s3.py, s3_errors.py), not by a copy of it.
-- `presign_get`: signed here with the environment's keys; by the SDK once it
-  renewed the credentials, and for S3 Express buckets (botocore signs those
-  for another host and service).
+- `presign_get`: signed here with the environment's keys (adapters/store/presign.py,
+  whose rule leaves S3 Express buckets to the SDK); by the SDK once it renewed
+  the credentials.
 - `list_model` (a model without a manifest): ListObjectsV2 pages signed here and read
   over the range client (core/listing.py); a refusal, a malformed page or an empty
   listing is asked again of the SDK, as for the manifest.
 - `head`, `first_part_bytes`, `renew_credentials`: the SDK.
 
-`static_route` decides whether a route can be signed here; when it cannot,
+`presign.static_route` decides whether a route can be signed here; when it cannot,
 `open_store` opens the SDK's store alone, as every pull did before.
 
 The manifest's GET asks for the store's checksum of the body, as botocore does
@@ -42,20 +42,18 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
-import re
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from modelsync.adapters.http.answer import s3_error_fields
+from modelsync.adapters.store.presign import Presigner, StaticRoute, static_route
 from modelsync.config import Settings
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import missing_object
-from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
+from modelsync.core.sigv4 import Credentials
 from modelsync.errors import ModelsyncError, TransientFetchError
 
 if TYPE_CHECKING:  # importing either at the top would load what this store exists to avoid
@@ -77,64 +75,6 @@ _DIGESTS: dict[str, Callable[[bytes], bytes]] = {
     "x-amz-checksum-sha1": lambda body: hashlib.sha1(body).digest(),
     "x-amz-checksum-sha256": lambda body: hashlib.sha256(body).digest(),
 }
-#: variables that, when set, make botocore resolve credentials or build URLs in ways not
-#: reproduced here: a named profile (a missing one is an error), keys it refreshes, FIPS or
-#: dual-stack endpoints (refused with a custom endpoint)
-_SDK_VARIABLES = (
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_CREDENTIAL_EXPIRATION",
-    "AWS_USE_FIPS_ENDPOINT",
-    "AWS_USE_DUALSTACK_ENDPOINT",
-)
-#: a region botocore accepts and signs as written (its own rule is a host label)
-_REGION = re.compile(r"(?!\d+$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-#: S3 Express buckets: botocore addresses and signs them differently even on a custom endpoint
-_EXPRESS_SUFFIXES = ("--x-s3", "--xa-s3")
-
-
-@dataclass(frozen=True, slots=True)
-class StaticRoute:
-    """A route this store signs itself: the endpoint's base URL, the region, the environment's keys."""
-
-    #: the endpoint URL as configured, without a trailing slash; objects are at <base>/<bucket>/<key>
-    base_url: str
-    region: str
-    credentials: Credentials
-
-    def object_url(self, bucket: str, key: str) -> str:
-        """The unsigned path-style URL of an object, as botocore writes it for a custom endpoint."""
-        return f"{self.base_url}/{bucket}/{quote_key(key)}"
-
-
-def static_route(settings: Settings, env: Mapping[str, str]) -> StaticRoute | None:
-    """The route when every request can be signed here exactly as botocore would sign it, else None.
-
-    That needs static keys (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, which
-    botocore's chain takes before anything else) and a path-style custom
-    endpoint. Anything else is botocore's to resolve: profiles, web identity,
-    container and instance roles, credential_process; AWS's own endpoints
-    (botocore's rules pick the host by region and follow region redirects); a
-    shared config file, which may change either; virtual-host addressing.
-    """
-    access_key = env.get("AWS_ACCESS_KEY_ID", "")
-    secret_key = env.get("AWS_SECRET_ACCESS_KEY", "")
-    if not (access_key and secret_key) or any(env.get(name) for name in _SDK_VARIABLES):
-        return None
-    if os.path.exists(os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")):
-        return None
-    endpoint = settings.endpoint_url
-    if endpoint is None or settings.addressing_style != "path" or not _REGION.fullmatch(settings.region):
-        return None
-    parts = urlsplit(endpoint)
-    unusual = parts.query or parts.fragment or "@" in parts.netloc  # botocore's to judge, or refuse
-    if unusual or not endpoint.startswith(("http://", "https://")):
-        return None
-    # botocore reads the token from the first of these that is set and not empty
-    token = env.get("AWS_SECURITY_TOKEN") or env.get("AWS_SESSION_TOKEN") or None
-    return StaticRoute(endpoint.rstrip("/"), settings.region, Credentials(access_key, secret_key, token))
-
-
 def body_intact(headers: Mapping[str, str], body: bytes) -> bool:
     """Whether `body` matches the store's checksum of it, or the store sent none that can be checked.
 
@@ -183,7 +123,7 @@ class DataPlaneStore:
         self._settings = settings
         self._route = route
         self._client = client
-        self._signer = QuerySigner(route.region)
+        self._presigner = Presigner(route)
         self._now = now
         self._stack = contextlib.AsyncExitStack()
         self._opening = asyncio.Lock()
@@ -206,8 +146,10 @@ class DataPlaneStore:
 
     async def get_manifest(self, ref: ModelRef, name: str) -> bytes | None:
         """The manifest's bytes, None when the model has none; anything else is the SDK's to decide."""
-        if self._signs(ref.bucket):
-            url = self._sign(ref.bucket, ref.prefix + name, MANIFEST_URL_EXPIRY_S, _CHECKSUM_MODE)
+        url = self._presigner.sign(
+            ref.bucket, ref.prefix + name, self._creds(), self._now(), MANIFEST_URL_EXPIRY_S, _CHECKSUM_MODE
+        )
+        if url is not None:
             get = self._client.get_small
             try:
                 answer = await asyncio.to_thread(get, url, MAX_MANIFEST_BYTES, _CHECKSUM_MODE)
@@ -222,8 +164,9 @@ class DataPlaneStore:
 
     async def presign_get(self, bucket: str, key: str, expiry_s: float) -> str:
         """A GET URL valid for `expiry_s`, signed here with the environment's keys."""
-        if self._signs(bucket):
-            return self._sign(bucket, key, max(1, int(expiry_s)))
+        url = self._presigner.sign(bucket, key, self._creds(), self._now(), max(1, int(expiry_s)))
+        if url is not None:
+            return url
         return await (await self._s3()).presign_get(bucket, key, expiry_s)
 
     async def list_model(self, ref: ModelRef) -> list[ObjectInfo]:
@@ -232,10 +175,9 @@ class DataPlaneStore:
         An empty listing goes to the SDK too: whether the prefix names an object instead
         is its question to ask, in its words.
         """
-        if self._signs(ref.bucket):
-            listed = await self._list_here(ref)
-            if listed:
-                return listed
+        listed = await self._list_here(ref)
+        if listed:
+            return listed
         return await (await self._s3()).list_model(ref)
 
     async def _list_here(self, ref: ModelRef) -> list[ObjectInfo] | None:
@@ -244,9 +186,12 @@ class DataPlaneStore:
         objects: list[ObjectInfo] = []
         token = None
         for _ in range(MAX_LIST_PAGES):
-            url = self._signer.presign_get(f"{self._route.base_url}/{quote_key(ref.bucket)}",
-                                           self._route.credentials, self._now(), MANIFEST_URL_EXPIRY_S,
-                                           params=list_params(ref.prefix, token))
+            params = list_params(ref.prefix, token)
+            url = self._presigner.sign_listing(
+                ref.bucket, self._creds(), self._now(), MANIFEST_URL_EXPIRY_S, params
+            )
+            if url is None:
+                return None
             try:
                 answer = await asyncio.to_thread(self._client.get_small, url, MAX_LIST_PAGE_BYTES)
             except (ModelsyncError, TransientFetchError):
@@ -271,12 +216,9 @@ class DataPlaneStore:
         await (await self._s3()).renew_credentials()
         self._renewed = True
 
-    def _signs(self, bucket: str) -> bool:
-        return not self._renewed and not bucket.endswith(_EXPRESS_SUFFIXES)
-
-    def _sign(self, bucket: str, key: str, expires_s: int, headers: Mapping[str, str] | None = None) -> str:
-        url = self._route.object_url(bucket, key)
-        return self._signer.presign_get(url, self._route.credentials, self._now(), expires_s, headers)
+    def _creds(self) -> Credentials | None:
+        """The keys URLs are signed with here: the environment's, until the SDK renewed the credentials."""
+        return None if self._renewed else self._route.credentials
 
     async def _s3(self) -> S3:
         """The SDK's store, opened on first need (one opening, however many ask at once)."""

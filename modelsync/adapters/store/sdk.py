@@ -19,7 +19,6 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -28,13 +27,15 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
+from modelsync.adapters.http.tls import checked_ca_bundle
+from modelsync.adapters.store.presign import Presigner
 from modelsync.adapters.store.sdk_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
-from modelsync.config import Settings, sdk_verify
+from modelsync.config import Settings
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
 from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
-from modelsync.core.sigv4 import Credentials, QuerySigner, quote_key
+from modelsync.core.sigv4 import Credentials
 from modelsync.errors import (
     AccessDeniedError,
     BucketNotFoundError,
@@ -57,7 +58,7 @@ class S3:
     def __init__(self, client: Any, policy: RetryPolicy | None = None, credentials: Any = None) -> None:
         self._client = client
         self._policy = policy or RetryPolicy()
-        self._signer = CachedPresigner()
+        self._presigner = Presigner()
         #: the credentials object the client signs with (its session's, `get_credentials`); None:
         #: unknown, so every URL is signed by botocore
         self._credentials = credentials
@@ -149,7 +150,7 @@ class S3:
         )
 
     async def require_bucket(self, bucket: str) -> None:
-        """Fail before any upload when the destination bucket is missing: publish never creates one."""
+        """Fail before any upload when the destination bucket is missing: a publish never creates one."""
         with s3_errors(f"checking bucket {bucket}", bucket):
             try:
                 await self._client.head_bucket(Bucket=bucket)
@@ -184,8 +185,8 @@ class S3:
         process with an Expiration) before they run out when it hands them out, so a
         URL signed late in a long pull carries fresh ones. botocore signs the first
         URL of a bucket and so decides its layout (endpoint, path or virtual host,
-        signing region); the rest are signed by core.sigv4 with a cached key (10 µs a
-        URL against 0.75 ms here), once that signer has reproduced botocore's URL.
+        signing region); the rest are signed by adapters/store/presign.py (10 µs a
+        URL against 0.75 ms here), once it has reproduced botocore's URL.
         """
         expires_s = max(1, int(expiry_s))
         with s3_errors(f"signing a URL for s3://{bucket}/{key}", bucket):
@@ -193,13 +194,13 @@ class S3:
             if self._credentials is not None:
                 frozen = await self._credentials.get_frozen_credentials()
                 creds = Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-            url = self._signer.sign(bucket, key, creds, dt.datetime.now(dt.UTC), expires_s) if creds else None
+            url = self._presigner.sign(bucket, key, creds, dt.datetime.now(dt.UTC), expires_s)
             if url is None:
                 url = await self._client.generate_presigned_url(
                     "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_s
                 )
                 if creds is not None:
-                    self._signer.learn(bucket, key, creds, url)
+                    self._presigner.learn(bucket, key, creds, url)
         return url
 
     async def renew_credentials(self) -> None:
@@ -270,46 +271,6 @@ class S3:
             await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
 
 
-class CachedPresigner:
-    """Signs GET URLs with core.sigv4 for buckets whose URL layout botocore has shown.
-
-    `learn` takes one of botocore's presigned URLs and keeps the bucket's base URL and
-    signing region only if core.sigv4 reproduces that URL's signature for the same
-    inputs; otherwise (another signature version, a layout it does not know) botocore
-    keeps signing every URL of that bucket.
-    """
-
-    def __init__(self) -> None:
-        self._bases: dict[str, tuple[str, QuerySigner] | None] = {}
-
-    def sign(self, bucket: str, key: str, creds: Credentials, now: dt.datetime, expires_s: int) -> str | None:
-        known = self._bases.get(bucket)
-        if known is None:
-            return None
-        base, signer = known
-        return signer.presign_get(base + quote_key(key), creds, now, expires_s)
-
-    def learn(self, bucket: str, key: str, creds: Credentials, url: str) -> None:
-        if bucket in self._bases:
-            return
-        self._bases[bucket] = None
-        target, _, query = url.partition("?")
-        params = dict(parse_qsl(query))
-        scope = params.get("X-Amz-Credential", "").split("/")
-        suffix = "/" + quote_key(key)
-        if len(scope) != 5 or scope[3] != "s3" or not target.endswith(suffix) or "X-Amz-Date" not in params:
-            return
-        try:
-            when = dt.datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
-            expires_s = int(params["X-Amz-Expires"])
-        except (KeyError, ValueError):
-            return
-        signer = QuerySigner(scope[2])
-        ours, _, our_query = signer.presign_get(target, creds, when, expires_s).partition("?")
-        if ours == target and dict(parse_qsl(our_query)) == params:
-            self._bases[bucket] = (target[: -len(suffix) + 1], signer)
-
-
 def client_config(settings: Settings) -> AioConfig:
     return AioConfig(
         signature_version="s3v4",
@@ -320,6 +281,12 @@ def client_config(settings: Settings) -> AioConfig:
         max_pool_connections=max(10, settings.concurrency),
         # A manifest or listing is small; checksums of full GETs stay on (botocore's default).
     )
+
+
+def sdk_verify(settings: Settings) -> bool | str | None:
+    """The S3 SDK's `verify`: off with `insecure`, else the CA bundle, checked first for an
+    https endpoint (the SDK builds its TLS context from it; a bad one is one line, exit 2)."""
+    return False if settings.insecure else checked_ca_bundle(settings)
 
 
 @contextlib.asynccontextmanager
@@ -343,4 +310,4 @@ async def open_s3(settings: Settings) -> AsyncIterator[S3]:
         verify=verify,
     ) as client:
         # the session resolved the client's credentials once and keeps that object
-        yield S3(client, settings.retry_policy(), await session.get_credentials())
+        yield S3(client, RetryPolicy.of(settings), await session.get_credentials())

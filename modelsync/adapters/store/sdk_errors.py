@@ -112,11 +112,7 @@ def _client_error(exc: ClientError, what: str, bucket: str) -> ModelsyncError:
         return ObjectChangedError(f"object changed during {what}; pull again")
     if verdict is Verdict.REDIRECT:
         region = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
-        where = f" (the bucket is in region {region})" if region else ""
-        return WrongEndpointError(
-            f"the store redirects {what} ({code or status}){where}; the endpoint or region is wrong: "
-            "set AWS_ENDPOINT_URL (--endpoint-url) and AWS_REGION (--region) to where the bucket lives"
-        )
+        return WrongEndpointError.redirect(what, code or str(status), region=region)
     return RemoteUnavailableError(
         f"S3 error {code or status} for {what} after {CONTROL_ATTEMPTS} attempts; retry later"
     )

@@ -27,16 +27,18 @@ from support.s3env import S3Env
 from support.waiting import wait_for
 from test_tenant_pull import needs_mount_namespace, tenant
 
-from modelsync import api
 from modelsync.core.refs import parse_source
-from modelsync.socket_guard import (
+from modelsync.local_api.client import call
+from modelsync.local_api.guard import (
     MAX_CONNECTIONS_PER_UID,
+    MAX_REQUEST_BYTES,
     MAX_REQUEST_DEPTH,
     REQUEST_TIMEOUT_S,
     Admission,
     LogThrottle,
     shape_error,
 )
+from modelsync.local_api.protocol import socket_path
 
 MiB = 1024 * 1024
 ALLOWED = "s3://models/extra/m/r1/"
@@ -45,7 +47,7 @@ IDLE = 300
 MALFORMED = [
     b"[" * 100_000 + b"\n",  # nested far past any limit, and longer than one
     b'{"op": ' * (MAX_REQUEST_DEPTH + 1) + b"\n",  # nested one level too deep, short
-    b"x" * (api.MAX_REQUEST_BYTES + 10),  # no newline, over the size limit
+    b"x" * (MAX_REQUEST_BYTES + 10),  # no newline, over the size limit
     b"\x00\xff\xfe garbage\n",
     b'{"op": "pull", "model": 7}\n',
     b'{"op": "status"',  # half a request, never finished
@@ -101,7 +103,7 @@ def tracebacks(daemon: Daemon) -> list[dict[str, object]]:
 def test_hundreds_of_idle_and_malformed_connections_do_not_lock_out_a_keyless_tenant(
     tmp_path: Path, daemon: Daemon
 ) -> None:
-    sock_path = api.socket_path(daemon.cache)
+    sock_path = socket_path(daemon.cache)
     home = tmp_path / "tenant-home"
     home.mkdir()
     started = time.monotonic()
@@ -158,7 +160,7 @@ def test_a_daemon_out_of_file_descriptors_logs_one_line_a_second_and_serves_agai
     pid = daemon.process.pid
     limit = open_descriptors(pid) + 6
     subprocess.run(["prlimit", "--pid", str(pid), f"--nofile={limit}:{limit}"], check=True)
-    sock_path = api.socket_path(daemon.cache)
+    sock_path = socket_path(daemon.cache)
     started = time.monotonic()
     held: list[socket.socket] = []
     try:
@@ -170,7 +172,7 @@ def test_a_daemon_out_of_file_descriptors_logs_one_line_a_second_and_serves_agai
     finally:
         for client in held:
             client.close()
-    reply = api.call(sock_path, {"op": "status"}, timeout_s=REQUEST_TIMEOUT_S + 10)
+    reply = call(sock_path, {"op": "status"}, timeout_s=REQUEST_TIMEOUT_S + 10)
     elapsed_s = time.monotonic() - started
 
     assert reply is not None and reply["ok"] is True

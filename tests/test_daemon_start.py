@@ -20,8 +20,9 @@ from support.daemon import POOL, ConfigMapDir, Daemon, schedule_text
 from support.s3env import S3Env
 from support.waiting import wait_for
 
-from modelsync import api
 from modelsync.errors import ExitCode
+from modelsync.local_api.client import call
+from modelsync.local_api.protocol import socket_path
 
 SOURCE = "s3://models/org/m/r1/"
 
@@ -78,7 +79,7 @@ def test_a_start_that_fails_after_making_its_socket_leaves_no_socket_behind(
         done = run_cli(s3_env.subprocess_env(), *daemon_args(tmp_path, f"127.0.0.1:{port}"), cache_dir=cache)
     assert done.returncode == ExitCode.USAGE
     assert f"cannot listen on 127.0.0.1:{port}" in last_error_line(done.stderr)
-    assert not api.socket_path(cache).exists() and not api.socket_path(cache).is_symlink()
+    assert not socket_path(cache).exists() and not socket_path(cache).is_symlink()
 
 
 @pytest.mark.parametrize("kind", ["directory", "regular file", "named pipe", "symlink"])
@@ -86,7 +87,7 @@ def test_anything_but_a_socket_where_the_socket_goes_is_refused_in_one_line_and_
     tmp_path: Path, s3_env: S3Env, kind: str
 ) -> None:
     cache = tmp_path / "cache"
-    sock = api.socket_path(cache)
+    sock = socket_path(cache)
     sock.parent.mkdir(parents=True)
     target = tmp_path / "elsewhere"
     target.write_text("not the daemon's")
@@ -122,4 +123,4 @@ def test_a_schedule_that_is_not_a_file_is_refused_without_blocking_the_daemon(
     refused = daemon.wait_for_log(lambda e: e.get("code") == "bad_schedule")
     assert f"the schedule is a {kind}, not a regular file" in str(refused["msg"])
     assert daemon.get("/readyz")[0] == 503
-    assert api.call(api.socket_path(daemon.cache), {"op": "status"}, timeout_s=10) is not None
+    assert call(socket_path(daemon.cache), {"op": "status"}, timeout_s=10) is not None

@@ -45,11 +45,11 @@ from support.kube import (
 )
 from typer.testing import CliRunner
 
-from modelsync import api
 from modelsync.cli import app
 from modelsync.config import Settings
 from modelsync.core.schedule import load_schedule
 from modelsync.core.schedule_variants import variant_for
+from modelsync.local_api.protocol import socket_path
 from modelsync.metrics import DaemonMetrics
 
 CLUSTERS = {"datacenter": ("a100-serving", "b300-serving"), "spark": ("spark-serving",)}
@@ -310,7 +310,7 @@ def cache_mounts(spec: Obj) -> Iterator[tuple[Obj, Obj]]:
 
 
 def test_hostpath_mount_path_cache_dir_and_socket_agree_everywhere() -> None:
-    assert str(api.socket_path(Path(CACHE))) == SOCKET
+    assert str(socket_path(Path(CACHE))) == SOCKET
     for label, _, workload in workloads():
         spec = pod_spec(workload)
         for volume in spec["volumes"]:

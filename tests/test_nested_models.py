@@ -26,12 +26,12 @@ from support.objects import payload, upload
 from support.s3env import S3Env
 from test_cli_errors import assert_user_error
 
-from modelsync import api
 from modelsync.adapters.cache import Cache
 from modelsync.core.manifest import FileEntry
 from modelsync.core.record import CompletionRecord
 from modelsync.core.refs import parse_source
 from modelsync.errors import ExitCode, NestedModelError
+from modelsync.local_api.client import pull_via_daemon
 
 MiB = 1024 * 1024
 
@@ -157,8 +157,8 @@ def test_through_the_daemon_a_short_lease_never_cuts_a_longer_one_and_a_parent_p
 ) -> None:
     ref = parse_source(LEASED)
     started = time.time()
-    assert api.pull_via_daemon(daemon.cache, ref, 8 * 3600) is not None
-    assert api.pull_via_daemon(daemon.cache, ref, 60) is not None
+    assert pull_via_daemon(daemon.cache, ref, 8 * 3600) is not None
+    assert pull_via_daemon(daemon.cache, ref, 60) is not None
 
     until = Cache(daemon.cache).lease_until(ref)
     assert until is not None and until >= started + 8 * 3600 - 5, "the 1-minute lease cut the 8-hour one"
@@ -168,7 +168,7 @@ def test_through_the_daemon_a_short_lease_never_cuts_a_longer_one_and_a_parent_p
     assert header.split()[-1] == "EVICTABLE" and re.search(r" in (7h5\dm|8h)$", row), row
 
     with pytest.raises(NestedModelError) as refused:
-        api.pull_via_daemon(daemon.cache, parse_source(OUTER), None)
+        pull_via_daemon(daemon.cache, parse_source(OUTER), None)
     assert refused.value.exit_code == ExitCode.USAGE
     assert f"contains the ready model {LEASED}" in str(refused.value)
     assert daemon.stop()[0] == 0

@@ -26,11 +26,11 @@ from support.s3env import S3Env
 from support.waiting import wait_for
 from test_cli_errors import assert_user_error, left_behind
 
-from modelsync import api
 from modelsync.core.completeness import PUBLISHING_NAME
 from modelsync.core.manifest import MANIFEST_NAME
 from modelsync.core.refs import parse_source
 from modelsync.errors import ExitCode, IncompleteModelError
+from modelsync.local_api.client import pull_via_daemon
 
 MiB = 1024 * 1024
 
@@ -207,7 +207,7 @@ def test_the_daemon_refuses_a_publish_in_progress_to_a_tenant_with_exit_5(
     daemon = start_daemon(schedule, daemon_env.subprocess_env(), "--allow", "s3://models/org/")
 
     with pytest.raises(IncompleteModelError) as refused:
-        api.pull_via_daemon(daemon.cache, parse_source(PARTIAL), None)
+        pull_via_daemon(daemon.cache, parse_source(PARTIAL), None)
 
     assert refused.value.exit_code == ExitCode.INTEGRITY
     assert PUBLISHING_NAME in str(refused.value)

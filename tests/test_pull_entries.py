@@ -36,10 +36,11 @@ from support.s3env import S3Env
 from support.waiting import wait_for
 from test_tenant_pull import needs_mount_namespace, tenant
 
-from modelsync import api
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
 from modelsync.errors import ERRORS_BY_CODE, ExitCode
+from modelsync.local_api.protocol import Message, socket_path
+from modelsync.local_api.server import serve
 
 MiB = 1024 * 1024
 NAME = "unsigned"
@@ -230,14 +231,14 @@ def test_every_entry_reaches_the_same_outcome_for_the_same_source_under_each_pol
 @contextlib.contextmanager
 def hanging_up_daemon(cache: Path) -> Iterator[None]:
     """A daemon that takes each request and hangs up without answering, as one being stopped does:
-    the real local API server (api.serve) with a handler that loses its connection."""
-    sock = api.socket_path(cache)
+    the real local API server (serve) with a handler that loses its connection."""
+    sock = socket_path(cache)
     sock.parent.mkdir(parents=True, exist_ok=True)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        server = asyncio.run_coroutine_threadsafe(api.serve(sock, _hang_up), loop).result(10)
+        server = asyncio.run_coroutine_threadsafe(serve(sock, _hang_up), loop).result(10)
         try:
             yield
         finally:
@@ -248,5 +249,5 @@ def hanging_up_daemon(cache: Path) -> Iterator[None]:
         loop.close()
 
 
-async def _hang_up(_request: api.Message) -> api.Message:
+async def _hang_up(_request: Message) -> Message:
     raise ConnectionResetError("stopped before answering")

@@ -25,10 +25,10 @@ from support.objects import payload, upload
 from support.s3env import S3Env
 from support.waiting import wait_for
 
-from modelsync import api
 from modelsync.adapters.cache import Cache
 from modelsync.core.refs import parse_source
 from modelsync.errors import ExitCode, NotFoundError, SourceNotAllowedError
+from modelsync.local_api.client import pull_via_daemon
 
 MiB = 1024 * 1024
 SCHEDULED = "s3://models/org/served/r1/"
@@ -198,12 +198,12 @@ def test_errors_from_the_daemon_arrive_as_their_own_class_so_callers_catch_them_
     served: Daemon,
 ) -> None:
     with pytest.raises(SourceNotAllowedError) as refused:
-        api.pull_via_daemon(served.cache, parse_source(UNLISTED), None)
+        pull_via_daemon(served.cache, parse_source(UNLISTED), None)
     assert refused.value.exit_code == ExitCode.NOT_ALLOWED
     assert "not in the schedule" in str(refused.value)
     # allowed, but the store has nothing under it: the engine's NotFoundError, in the daemon's process
     with pytest.raises(NotFoundError) as missing:
-        api.pull_via_daemon(served.cache, parse_source("s3://models/extra/absent/r1/"), None)
+        pull_via_daemon(served.cache, parse_source("s3://models/extra/absent/r1/"), None)
     assert missing.value.exit_code == ExitCode.NOT_FOUND
     assert "extra/absent/r1" in str(missing.value)
 

@@ -64,7 +64,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
     used = use.used_bytes
     free = fs.free_bytes(settings.cache_dir)
     _warn_damaged(damaged)
-    from modelsync.api import scheduled_names
+    from modelsync.local_api.client import scheduled_names
 
     names = scheduled_names(settings.cache_dir)
     unnamed: dict[str, str | None] = {"name": None, "variant": None}

@@ -304,7 +304,8 @@ def prefetch(
     Here, each model obeys the same rules as the daemon's pull of it: the settings,
     and the --schedule entry's (its signature policy) when it names the model.
     """
-    from modelsync import api
+    from modelsync.local_api.client import prefetch_via_daemon
+    from modelsync.local_api.protocol import error_from_reply
 
     loaded = None
     if schedule is not None:
@@ -323,19 +324,16 @@ def prefetch(
         )
     )
     refs = _resolve_models(models, schedule, loaded, settings)
-    request = {"op": "prefetch", "models": [r.uri for r in refs], "wait": not no_wait}
     try:
-        reply = api.call(api.socket_path(settings.cache_dir), request)
+        entries = prefetch_via_daemon(settings.cache_dir, refs, wait=not no_wait)
     except ConnectionError:
         typer.echo("warning: the daemon stopped before answering; pulling here", err=True)
-        reply = None
-    if reply is None:
+        entries = None
+    if entries is None:
         _prefetch_here(settings, refs, loaded, quiet)
         return
-    if not reply.get("ok"):
-        raise api.error_from_reply(reply)
     failed = None
-    for entry in reply["models"]:
+    for entry in entries:
         if "path" in entry:
             typer.echo(entry["path"])
         elif entry.get("queued"):
@@ -344,7 +342,7 @@ def prefetch(
             typer.echo(f"error: {entry['model']}: {entry['error']}", err=True)
             failed = failed or entry
     if failed is not None:
-        raise typer.Exit(int(api.error_from_reply(failed).exit_code))
+        raise typer.Exit(int(error_from_reply(failed).exit_code))
 
 
 def _prefetch_here(settings: Settings, refs: list[ModelRef], schedule: Schedule | None, quiet: bool) -> None:

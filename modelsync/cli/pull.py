@@ -104,31 +104,31 @@ def pull(
 
 def _pull_by_name(settings: Settings, name: str, lease_s: float | None) -> Path:
     """The node daemon picks the variant of `name` for its pool, stages it and records the use."""
-    from modelsync import api
     from modelsync.core.refs import parse_model_name
+    from modelsync.local_api import client, protocol
 
-    model_id = api.pull_name_via_daemon(settings.cache_dir, name, lease_s)
+    model_id = client.pull_name_via_daemon(settings.cache_dir, name, lease_s)
     if model_id is None:
         raise LocalStorageError(
-            f"no modelsync daemon answers on {api.socket_path(settings.cache_dir)}, and a model name "
+            f"no modelsync daemon answers on {protocol.socket_path(settings.cache_dir)}, and a model name "
             "is resolved by the node's daemon; check the node's daemon pod, or give the s3:// source"
         )
     return Cache(settings.cache_dir).ready_path(parse_model_name(model_id))
 
 
 def _tenant_pull(rules: PullRules) -> Path:
-    from modelsync import api
     from modelsync.engine.ready import warm_path
+    from modelsync.local_api import client, protocol
 
     ref, cache_dir = rules.source, rules.settings.cache_dir
-    if api.pull_via_daemon(cache_dir, ref, rules.lease_s) is not None:
+    if client.pull_via_daemon(cache_dir, ref, rules.lease_s) is not None:
         # The daemon's path is in its own mount; print it as this pod sees the cache.
         return Cache(cache_dir).ready_path(ref)
     path = warm_path(cache_dir, ref, rules.signed_only)
     if path is None:
         raise LocalStorageError(
             f"the cache {cache_dir} is read-only here and no modelsync daemon answers on "
-            f"{api.socket_path(cache_dir)}; check the node's daemon pod"
+            f"{protocol.socket_path(cache_dir)}; check the node's daemon pod"
         )
     typer.echo(f"warning: no daemon answers; {ref.model_id} is ready but this use is not recorded", err=True)
     return path

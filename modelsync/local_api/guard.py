@@ -11,10 +11,20 @@ otherwise end in a RecursionError instead of an answer.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
+import logging
 import socket
 import struct
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
+
+from modelsync.errors import DaemonBusyError
+
+log = logging.getLogger("modelsync.api")
 
 #: the longest request line; a request names a handful of models
 MAX_REQUEST_BYTES = 64 * 1024
@@ -28,6 +38,8 @@ MAX_CONNECTIONS_PER_UID = 32
 MAX_CONNECTIONS = 256
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+#: accept() failures that a lack of file descriptors or memory causes; asyncio retries them after 1 s
+_ACCEPT_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def peer_uid(sock: socket.socket | None) -> int | None:
@@ -125,3 +137,67 @@ def shape_error(line: bytes) -> str | None:
         elif byte in (0x5D, 0x7D):  # ] }
             depth -= 1
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusals:
+    """The admission caps and the throttled log lines of the connections they refuse."""
+
+    admission: Admission
+    refusals: LogThrottle
+    #: uids whose quiet refusals a timer will report
+    flushing: set[int | None]
+
+    def refused(self, uid: int | None, refusal: str) -> None:
+        """Log a refusal now, or count it for a line that a timer writes once one is due."""
+        now = time.monotonic()
+        refused = self.refusals.due(uid, now)
+        self._log(uid, refusal, refused)
+        if not refused and uid not in self.flushing:
+            self.flushing.add(uid)
+            delay_s = self.refusals.quiet_s(uid, now)
+            asyncio.get_running_loop().call_later(delay_s, self._flush, uid, refusal)
+
+    def _flush(self, uid: int | None, refusal: str) -> None:
+        self.flushing.discard(uid)
+        self._log(uid, refusal, self.refusals.flush(uid, time.monotonic()))
+
+    @staticmethod
+    def _log(uid: int | None, refusal: str, refused: int) -> None:
+        if refused:
+            extra = {"code": DaemonBusyError.code, "uid": uid, "refused": refused}
+            log.warning("refused %d connection(s): %s", refused, refusal, extra=extra)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptFailures:
+    """The event loop's exception handler: an accept() that fails for want of descriptors is a log
+    line a second at most, with a count, not a traceback per attempt.
+
+    asyncio stops accepting for a second after such a failure, but first tries the
+    rest of its backlog, each attempt reported. Anything else goes to asyncio's own handler.
+    """
+
+    throttle: LogThrottle
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if "socket" in context and isinstance(exc, OSError) and exc.errno in _ACCEPT_EXHAUSTED:
+            failed = self.throttle.due(exc.errno, time.monotonic())
+            if failed:
+                log.warning(
+                    "cannot accept %d connection(s) on %s: %s; retrying in 1 s",
+                    failed,
+                    _local_name(context["socket"]),
+                    exc.strerror,
+                    extra={"code": "accept_failed"},
+                )
+            return
+        loop.default_exception_handler(context)
+
+
+def _local_name(sock: Any) -> str:
+    with contextlib.suppress(OSError):
+        name = sock.getsockname()
+        return name if isinstance(name, str) else ":".join(str(part) for part in name[:2])
+    return "a listening socket"

@@ -1,4 +1,4 @@
-"""The S3 control plane over aiobotocore: list, head, manifest, presign, upload.
+"""The S3 control plane over aiobotocore: list, head, manifest, presign (a publish's writes: sdk_writes.py).
 
 Bulk bytes of a pull do not pass through here (see adapters/http/client.py);
 what does is small and latency-bound. botocore retries throttling, 5xx and
@@ -29,7 +29,14 @@ from botocore.exceptions import (
 
 from modelsync.adapters.http.tls import checked_ca_bundle
 from modelsync.adapters.store.presign import Presigner
-from modelsync.adapters.store.sdk_errors import CONTROL_ATTEMPTS, code_and_status, is_missing_key, s3_errors
+from modelsync.adapters.store.sdk_errors import (
+    CONTROL_ATTEMPTS,
+    code_and_status,
+    is_missing_key,
+    s3_errors,
+    strip_etag,
+)
+from modelsync.adapters.store.sdk_writes import SdkWrites
 from modelsync.config import Settings
 from modelsync.core.manifest import MAX_MANIFEST_BYTES
 from modelsync.core.parts import ObjectInfo
@@ -38,7 +45,6 @@ from modelsync.core.retry import RetryPolicy, Verdict, backoff_s, classify
 from modelsync.core.sigv4 import Credentials
 from modelsync.errors import (
     AccessDeniedError,
-    BucketNotFoundError,
     ConfigError,
     ManifestError,
     ModelsyncError,
@@ -48,12 +54,12 @@ from modelsync.errors import (
 _T = TypeVar("_T")
 
 
-def _strip(etag: str) -> str:
-    return etag.strip('"')
+class S3(SdkWrites):
+    """One aiobotocore client for a command's lifetime; `policy` bounds riding out throttling.
 
-
-class S3:
-    """One aiobotocore client for a command's lifetime; `policy` bounds riding out throttling."""
+    Here the reads, which ride out throttling and an expired token, and the signing;
+    a publish's writes are `SdkWrites`'.
+    """
 
     def __init__(self, client: Any, policy: RetryPolicy | None = None, credentials: Any = None) -> None:
         self._client = client
@@ -126,7 +132,7 @@ class S3:
             paginator = self._client.get_paginator("list_objects_v2")
             async for page in paginator.paginate(Bucket=ref.bucket, Prefix=ref.prefix):
                 for item in page.get("Contents", ()):
-                    objects.append(ObjectInfo(item["Key"], int(item["Size"]), _strip(item["ETag"])))
+                    objects.append(ObjectInfo(item["Key"], int(item["Size"]), strip_etag(item["ETag"])))
             return objects
 
         objects = await self._read(f"listing {ref.uri}", ref.bucket, listing)
@@ -149,25 +155,11 @@ class S3:
             f"give the model's prefix{hint}"
         )
 
-    async def require_bucket(self, bucket: str) -> None:
-        """Fail before any upload when the destination bucket is missing: a publish never creates one."""
-        with s3_errors(f"checking bucket {bucket}", bucket):
-            try:
-                await self._client.head_bucket(Bucket=bucket)
-                return
-            except ClientError as exc:
-                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 404:
-                    raise
-        raise BucketNotFoundError(
-            f"bucket {bucket!r} does not exist; publish needs an existing bucket: create it first "
-            f"(e.g. `aws s3 mb s3://{bucket}`)"
-        )
-
     async def head(self, bucket: str, key: str) -> ObjectInfo:
         resp = await self._read(
             f"reading s3://{bucket}/{key}", bucket, lambda: self._client.head_object(Bucket=bucket, Key=key)
         )
-        return ObjectInfo(key, int(resp["ContentLength"]), _strip(resp["ETag"]))
+        return ObjectInfo(key, int(resp["ContentLength"]), strip_etag(resp["ETag"]))
 
     async def first_part_bytes(self, bucket: str, key: str) -> int | None:
         """Size of part 1 of a multipart object: the part size its ETag was computed with."""
@@ -223,52 +215,6 @@ class S3:
         # written against (pyproject.toml), and tests/test_s3_credentials.py checks it.
         self._client._request_signer._credentials = fresh
         self._credentials = fresh
-
-    async def put_bytes(self, bucket: str, key: str, data: bytes) -> str:
-        with s3_errors(f"writing s3://{bucket}/{key}", bucket):
-            resp = await self._client.put_object(Bucket=bucket, Key=key, Body=data)
-        return _strip(resp["ETag"])
-
-    async def delete(self, bucket: str, key: str) -> None:
-        """Delete one object; a missing one is no error (S3 answers 204 either way)."""
-        with s3_errors(f"deleting s3://{bucket}/{key}", bucket):
-            await self._client.delete_object(Bucket=bucket, Key=key)
-
-    async def ensure_bucket(self, bucket: str) -> None:
-        """Used by the demo only: create the bucket if it is missing."""
-        with s3_errors(f"creating bucket {bucket}", bucket):
-            try:
-                await self._client.head_bucket(Bucket=bucket)
-            except ClientError:
-                await self._client.create_bucket(Bucket=bucket)
-
-    async def start_multipart(self, bucket: str, key: str) -> str:
-        with s3_errors(f"starting an upload to s3://{bucket}/{key}", bucket):
-            resp = await self._client.create_multipart_upload(Bucket=bucket, Key=key)
-        upload_id: str = resp["UploadId"]
-        return upload_id
-
-    async def upload_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
-        with s3_errors(f"uploading part {number} of s3://{bucket}/{key}", bucket):
-            resp = await self._client.upload_part(
-                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
-            )
-        return _strip(resp["ETag"])
-
-    async def complete_multipart(self, bucket: str, key: str, upload_id: str, etags: list[str]) -> str:
-        parts = [{"PartNumber": i + 1, "ETag": f'"{e}"'} for i, e in enumerate(etags)]
-        with s3_errors(f"completing the upload of s3://{bucket}/{key}", bucket):
-            resp = await self._client.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-            )
-        return _strip(resp["ETag"])
-
-    async def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
-        with (
-            contextlib.suppress(ModelsyncError),
-            s3_errors(f"aborting s3://{bucket}/{key}", bucket),
-        ):
-            await self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
 
 
 def client_config(settings: Settings) -> AioConfig:

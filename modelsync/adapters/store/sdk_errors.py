@@ -90,6 +90,11 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__).splitlines()[0][:300]
 
 
+def strip_etag(etag: str) -> str:
+    """An ETag as the SDK gives it, without its quotes."""
+    return etag.strip('"')
+
+
 def code_and_status(exc: ClientError) -> tuple[str, int]:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

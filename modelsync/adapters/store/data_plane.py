@@ -16,7 +16,7 @@ opened on first need and closed with this store):
   is None. Every other answer (a missing bucket, 403, a throttle, an expired
   token, a redirect, a failed connection, a malformed answer) is asked again of
   the SDK, so errors, retries and throttling are decided by the code that
-  decides them for every other read (s3.py, s3_errors.py), not by a copy of it.
+  decides them for every other read (sdk.py, sdk_errors.py), not by a copy of it.
 - `presign_get`: signed here with the environment's keys (adapters/store/presign.py,
   whose rule leaves S3 Express buckets to the SDK); by the SDK once it renewed
   the credentials.

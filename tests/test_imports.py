@@ -92,6 +92,8 @@ def test_imports_point_inward_core_adapters_engine_edge() -> None:
         ("modelsync.errors", "errors"),
         ("modelsync.config_values", "config"),
         ("modelsync.adapters.cache.ready", "adapters"),
+        ("modelsync.adapters.cache.records", "adapters"),
+        ("modelsync.adapters.cache.quarantine", "adapters"),
         ("modelsync.engine.pull", "engine"),
         ("modelsync.cli", "edge"),
         ("modelsync.cli.app", "edge"),

@@ -2,7 +2,8 @@
 
 One `Cache` per cache root. Its jobs live in the modules of this package:
 `layout` (paths), `journal` (resume state), `locks`, `markers` (pins, use,
-leases, reservations), `staging`, and `ready` (make ready, remove, quarantine).
+leases, reservations), `staging`, `records` (completion records on disk), `ready`
+(make ready and remove, by rename) and `quarantine` (quarantine and restage).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from modelsync.adapters.cache.journal import Journal, JournalState, boot_id
 from modelsync.adapters.cache.layout import LAYOUT_VERSION, STATE_DIR
 from modelsync.adapters.cache.locks import ModelLock
 from modelsync.adapters.cache.markers import Reservation
-from modelsync.adapters.cache.ready import ReadyModels
+from modelsync.adapters.cache.quarantine import QuarantinedModels
 from modelsync.adapters.cache.staging import Staging
 from modelsync.core.refs import ModelRef
 
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-class Cache(ReadyModels):
+class Cache(QuarantinedModels):
     """One cache root: its layout, markers, locks, staging areas and ready models."""
 
     def staging(self, ref: ModelRef) -> Staging:

@@ -1,4 +1,4 @@
-"""Ready models: made ready by rename, removed, quarantined and restored, all through directory fds.
+"""Ready models: made ready and removed by rename, through directory fds.
 
 Correctness never rests on the lock: staging names are unique per model, the
 record is written before the ready rename, and the ready rename is atomic, so a
@@ -10,72 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
-from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from modelsync.adapters import fs
-from modelsync.adapters.cache.damaged import read_records
-from modelsync.adapters.cache.markers import Markers
+from modelsync.adapters.cache.records import RecordFiles
 from modelsync.adapters.cache.staging import Staging
-from modelsync.core.record import CompletionRecord, parse_record, render_record
+from modelsync.core.record import CompletionRecord, render_record
 from modelsync.core.refs import ModelRef
-from modelsync.errors import ManifestError
 
 
-class ReadyModels(Markers):
-    """Ready models and their records: make ready, remove, quarantine, restore."""
-
-    def load_record(self, ref: ModelRef) -> CompletionRecord | None:
-        path = self.record_path(ref)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            record = parse_record(data, str(path))
-        except ManifestError:
-            return None
-        return record if record.source == ref.uri else None
-
-    def ready_record(self, ref: ModelRef) -> CompletionRecord | None:
-        """The record of a ready model: its record exists and its directory is a real directory."""
-        record = self.load_record(ref)
-        if record is None:
-            return None
-        try:
-            st = os.lstat(self.ready_path(ref))
-        except FileNotFoundError:
-            return None
-        return record if stat.S_ISDIR(st.st_mode) else None
-
-    def stored_records(self, *, quarantined: bool) -> list[tuple[str, CompletionRecord]]:
-        """Every readable record of ready (or quarantined) models, by the slug in its file name.
-
-        A record that cannot be read or parsed is skipped: it belongs to no model
-        that can be served (`damaged_records` says which they are). A records directory
-        that cannot be listed is a LocalStorageError.
-        """
-        return self.scan_records(quarantined=quarantined)[0]
-
-    def scan_records(
-        self, *, quarantined: bool
-    ) -> tuple[list[tuple[str, CompletionRecord]], list[tuple[Path, str]]]:
-        """The readable records by slug, and the damaged ones with why (`damaged.read_records`)."""
-        directory = self.quarantine_dir if quarantined else self.records_dir
-        with fs.storage_errors(directory):
-            return read_records(directory)
-
-    def data_dir(self, ref: ModelRef, *, quarantined: bool) -> Path:
-        """Where a ready (or quarantined) model's files are."""
-        return self.quarantine_dir / ref.slug if quarantined else self.ready_path(ref)
-
-    def has_data_dir(self, ref: ModelRef, *, quarantined: bool) -> bool:
-        """Whether the model's data directory is there, and a real directory (not a symlink)."""
-        try:
-            return stat.S_ISDIR(os.lstat(self.data_dir(ref, quarantined=quarantined)).st_mode)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+class ReadyModels(RecordFiles):
+    """The ready set: make a staged model ready, remove a ready one, finish a removal that was stopped."""
 
     def make_ready(self, ref: ModelRef, staging: Staging, record: CompletionRecord) -> Path:
         """Make the staged model ready in one rename, after its record is durable.
@@ -147,72 +92,6 @@ class ReadyModels(Markers):
         finally:
             os.close(root)
 
-    def drop_quarantine(self, ref: ModelRef) -> None:
-        """Delete a quarantined copy (stale once the model is ready again, or evicted): record, then data."""
-        with contextlib.suppress(FileNotFoundError):
-            self.quarantined_record_path(ref).unlink()
-        fs.remove_tree(self.quarantine_dir / ref.slug)
-
-    def quarantined_record_path(self, ref: ModelRef) -> Path:
-        return self.quarantine_dir / f"{ref.slug}.json"
-
-    def quarantined_record(self, ref: ModelRef) -> CompletionRecord | None:
-        """The record a quarantined model was made ready with; None when it is not quarantined."""
-        path = self.quarantined_record_path(ref)
-        with fs.storage_errors(path):
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                return None
-        return parse_record(data, str(path))
-
-    def drop_record(self, ref: ModelRef, *, quarantined: bool) -> None:
-        """Remove a model's (ready or quarantined) record; its data is elsewhere by then."""
-        path = self.quarantined_record_path(ref) if quarantined else self.record_path(ref)
-        with fs.storage_errors(path):
-            path.unlink(missing_ok=True)
-
-    def quarantine(self, ref: ModelRef, record: CompletionRecord) -> None:
-        """Take a damaged model out of the ready set in one rename by directory fds, keeping data and record.
-
-        The quarantined record is written first and the ready one removed last, so a
-        crash in between leaves the model quarantined or still listed, never served
-        from a half-moved directory. The caller holds the model's lock.
-        """
-        target = self.quarantine_dir / ref.slug
-        fs.remove_tree(target)
-        with fs.storage_errors(self.ready_path(ref)):
-            parent = self._open_parent(ref, create=False)
-        with fs.storage_errors(target):
-            try:
-                fs.write_atomic(self.quarantined_record_path(ref), render_record(record))
-                _rename_between(parent, ref.cache_path.name, self.quarantine_dir, ref.slug)
-            finally:
-                os.close(parent)
-            self.record_path(ref).unlink(missing_ok=True)
-        self.prune_parents(ref)
-
-    def restage(self, ref: ModelRef, *, quarantined: bool) -> Staging:
-        """Move a model's data (ready, or quarantined) to its staging area in one rename by directory fds.
-
-        Whatever the staging area held goes first. The ready path, if that is where
-        the data was, disappears in the same rename. The caller holds the model's lock.
-        """
-        staging = Staging(self, ref)
-        fs.remove_tree(staging.dir)
-        with fs.storage_errors(staging.dir):
-            if quarantined:
-                source = fs.open_dir(self.quarantine_dir)
-                name = ref.slug
-            else:
-                source = self._open_parent(ref, create=False)
-                name = ref.cache_path.name
-            try:
-                _rename_between(source, name, self.staging_dir, ref.slug)
-            finally:
-                os.close(source)
-        return staging
-
     def remove_ready(self, ref: ModelRef) -> None:
         """Make a model not ready: the ready path disappears in one rename, its record goes, then its data.
 
@@ -251,55 +130,6 @@ class ReadyModels(Markers):
             with fs.storage_errors(doomed):
                 fs.remove_tree(doomed)
 
-    def remove_ready_keeping(self, ref: ModelRef, inside: Sequence[ModelRef]) -> None:
-        """`remove_ready` for a model that holds ready models `inside` it (a cache from before
-        models could not nest): they stay ready where they are, only the rest goes."""
-        doomed = self.trash_dir / f"{ref.slug}-{os.getpid()}-{os.urandom(4).hex()}"
-        self._take_out(ref, inside, doomed)
-        with contextlib.suppress(FileNotFoundError):
-            self.record_path(ref).unlink()
-        fs.remove_tree(doomed)  # last, as in `remove_ready`: `finish_removal` ends what a stop leaves
-
-    def quarantine_keeping(self, ref: ModelRef, record: CompletionRecord, inside: Sequence[ModelRef]) -> None:
-        """`quarantine` for a model that holds ready models `inside` it: they stay ready where
-        they are; the rest of its files and its record are kept in quarantine, destroying nothing."""
-        target = self.quarantine_dir / ref.slug
-        fs.remove_tree(target)
-        with fs.storage_errors(target):
-            fs.write_atomic(self.quarantined_record_path(ref), render_record(record))
-            self._take_out(ref, inside, target)
-            self.record_path(ref).unlink(missing_ok=True)
-
-    def _take_out(self, ref: ModelRef, inside: Sequence[ModelRef], target: Path) -> None:
-        """Rename the model's directory to `target`, then each model `inside` it (the outermost
-        ones: those inside them come along) back to its ready path.
-
-        Each inner model is away from its ready path only between the two renames (its
-        readers keep their open files); the caller holds the locks of all of them.
-        """
-        with fs.storage_errors(self.ready_path(ref)):
-            parent = self._open_parent(ref, create=False)
-            try:
-                _rename_between(parent, ref.cache_path.name, target.parent, target.name)
-            finally:
-                os.close(parent)
-            for inner in inside:
-                relative = PurePosixPath(*inner.cache_path.parts[len(ref.cache_path.parts) :])
-                moved = fs.open_dir(target)
-                try:
-                    source = fs.open_dir_beneath(moved, relative.parent, create=False)
-                finally:
-                    os.close(moved)
-                try:
-                    back = self._open_parent(inner, create=True)
-                    try:
-                        os.rename(relative.name, inner.cache_path.name, src_dir_fd=source, dst_dir_fd=back)
-                        os.fsync(back)
-                    finally:
-                        os.close(back)
-                finally:
-                    os.close(source)
-
     def _open_parent(self, ref: ModelRef, create: bool) -> int:
         """The ready path's parent directory, reached without following any symlink."""
         root = fs.open_dir(self.root)
@@ -328,15 +158,6 @@ _MAKE_READY_ATTEMPTS = 5
 
 class _ParentRemovedError(Exception):
     """The ready path's parent was removed while a model was being made ready in it."""
-
-
-def _rename_between(source_fd: int, name: str, target_dir: Path, target_name: str) -> None:
-    """Rename `name` in the directory `source_fd` to `target_name` in `target_dir`, never following a link."""
-    target_fd = fs.open_dir(target_dir)
-    try:
-        os.rename(name, target_name, src_dir_fd=source_fd, dst_dir_fd=target_fd)
-    finally:
-        os.close(target_fd)
 
 
 def _exists(dir_fd: int, name: str) -> bool:

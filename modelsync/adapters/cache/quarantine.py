@@ -1,9 +1,9 @@
-"""Taking a ready model out of the ready set while keeping its data: quarantine, restage, and
-both around the ready models nested inside it, each a rename by directory fds.
+"""Taking a ready model out of the ready set with its data moved, not deleted: quarantine, restage,
+and removal or quarantine around the ready models nested inside it; each a rename by directory fds.
 
 The caller holds the model's lock (and those of the models inside it). Each step
-leaves the model ready, or out of the ready set with its data kept, never served
-from a half-moved directory.
+leaves the model ready, or out of the ready set with its data where the step put
+it, never served from a half-moved directory.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from modelsync.core.refs import ModelRef
 
 
 class QuarantinedModels(ReadyModels):
-    """A damaged model kept aside for `--repair`, and a model's data moved back to staging to repair it."""
+    """A damaged model kept aside for `--repair`, a model's data moved back to staging to repair it,
+    and both (or a removal) for a model that holds others."""
 
     def quarantine(self, ref: ModelRef, record: CompletionRecord) -> None:
         """Take a damaged model out of the ready set in one rename by directory fds, keeping data and record.

@@ -68,12 +68,6 @@ class Pulled(NamedTuple):
     evicted: tuple[str, ...]
 
 
-class _Done(NamedTuple):
-    path: Path
-    plan: PullPlan
-    evicted: tuple[str, ...]
-
-
 def pull_revision(job: PullJob, lock: ModelLock, events: PullEvents) -> Pulled:
     """Fetch, verify and make `job.source` ready, under `job.rules`, while the caller holds its `lock`.
 
@@ -85,20 +79,23 @@ def pull_revision(job: PullJob, lock: ModelLock, events: PullEvents) -> Pulled:
     with open_catalog(job.cache) as catalog:
         note = ProgressNote(events, lock)
         try:
-            done = asyncio.run(supervise(functools.partial(_pull, job, catalog, note), job.cancel))
+            run = functools.partial(_pull, job, catalog, note)
+            path, plan, evicted = asyncio.run(supervise(run, job.cancel))
         finally:
             job.cache.release_reservation(job.source)
-    return Pulled(done.path, done.plan, note.counter.fetched_bytes, done.evicted)
+    return Pulled(path, plan, note.counter.fetched_bytes, evicted)
 
 
-async def _pull(job: PullJob, catalog: Catalog, events: PullEvents, abort: Abort) -> _Done:
-    """The pull with its backends open, in its own event loop."""
+async def _pull(
+    job: PullJob, catalog: Catalog, events: PullEvents, abort: Abort
+) -> tuple[Path, PullPlan, tuple[str, ...]]:
+    """The pull with its backends open, in its own event loop; what is ready, its plan, what was evicted."""
     async with job.backends() as backends:
         abort.watch(backends.fetcher)
         puller = _Puller(job, catalog, events, backends)
         try:
             path, plan = await puller.pull()
-            return _Done(path, plan, puller.evicted)
+            return path, plan, puller.evicted
         finally:
             puller.close()
 
@@ -120,10 +117,12 @@ class _Puller:
         self.evicted: tuple[str, ...] = ()
 
     def close(self) -> None:
+        """Stop the transfers and close the journal, whether the pull succeeded or not."""
         self.window.close()  # wakes threads blocked on a socket, then joins them
         self.staging.journal.close()
 
     async def pull(self) -> tuple[Path, PullPlan]:
+        """Where the revision is ready, and the plan it was pulled by (steps 1-6 above)."""
         job = self.job
         files = self.signature.select(await source_files(self.store, self.ref, job.rules.manifest.mode))
         if job.current is None:

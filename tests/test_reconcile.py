@@ -25,10 +25,9 @@ from modelsync.core.schedule import load_schedule
 from modelsync.engine.ensure import PullResult, ReadyOptions
 from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import RemoteSizes
-from modelsync.engine.pull import PullCancelledError
 from modelsync.engine.reconcile import LoopConfig, Reconciler
 from modelsync.engine.rules import PullRules
-from modelsync.errors import NotFoundError
+from modelsync.errors import NotFoundError, PullCancelledError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,8 +7,7 @@ import threading
 
 import pytest
 
-from modelsync.engine.fetch import in_thread
-from modelsync.engine.transfer_threads import TransferThreads
+from modelsync.engine.transfer_threads import TransferThreads, in_thread
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -36,6 +36,7 @@ from modelsync.core.refs import ModelRef
 from modelsync.engine.events import NoEvents, PullEvents
 from modelsync.engine.maintain import repair_ready, verify_ready
 from modelsync.engine.ports import OpenBackends
+from modelsync.engine.pull_job import PullJob
 from modelsync.engine.ready import Problem, Readiness, readiness
 from modelsync.engine.rules import PullRules
 
@@ -121,17 +122,16 @@ def ensure_ready(
             stack.enter_context(announce(settings.cache_dir, ref))
         from modelsync.engine.pull import pull_revision  # here: only a fetch needs the data plane
 
-        pulled = pull_revision(
-            rules,
-            cache,
-            lock,
-            events,
-            backends,
+        job = PullJob(
+            rules=rules,
+            cache=cache,
+            backends=backends,
             current=state.record,
             recheck=state.unsigned,
             protected=options.protected,
             cancel=options.cancel,
         )
+        pulled = pull_revision(job, lock, events)
         result = _pulled(pulled, started)
     # A new copy is a use; a refresh check of a ready model is not.
     return _done(cache, rules, replace(options, use=options.use or state.record is None), result)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,6 +28,16 @@ _T = TypeVar("_T")
 
 _Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def leave_signals_to_the_main_thread() -> None:
+    """Block Ctrl-C and SIGTERM in the calling (worker) thread.
+
+    The kernel then hands those signals to the main thread: delivered to a worker,
+    a signal would wait until the event loop woke for some other reason, a 30 s
+    read timeout when every transfer is stalled.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 class TransferThreads:
@@ -104,3 +115,24 @@ class TransferThreads:
                 future.set_result(result)
             else:
                 future.set_exception(exc)
+
+
+async def in_thread(future: asyncio.Future[_T]) -> _T:
+    """Await a transfer thread; when cancelled, first wait until the thread has stopped.
+
+    A cancelled task cannot stop a thread blocked on its socket: it keeps writing at
+    its offsets until the body ends, its socket is shut down (`FetchWindow.close`), or
+    `read_timeout_s` passes. The descriptor it writes to must stay open until then,
+    or its late writes land on a closed descriptor, or on whatever file reuses that
+    number (the restarted file, another file of the model, the journal). So
+    cancellation waits for the thread; after an abort that is at once.
+    """
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([future])
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what propagates
+        raise

@@ -1,0 +1,140 @@
+"""One part's transfer: a ranged GET in a transfer thread, retried from the last byte written.
+
+Every attempt first passes the store's gate (engine/throttle.py), shared by
+every pull of the process to that store; the URL comes from the pull's
+`PresignedUrls` (engine/presigned.py). The fetch window (engine/fetch.py)
+decides which parts run and when; this module only makes one of them land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+
+from modelsync.adapters import fs
+from modelsync.adapters.cache import Staging
+from modelsync.core.parts import Part, RemoteFile
+from modelsync.core.retry import PartRetries, RetryPolicy
+from modelsync.core.units import format_duration
+from modelsync.core.verify import misstated_size
+from modelsync.engine.events import PullEvents
+from modelsync.engine.ports import Backends, RangeRequest
+from modelsync.engine.presigned import PresignedUrls
+from modelsync.engine.pull_job import PullJob
+from modelsync.engine.transfer_threads import TransferThreads, in_thread
+from modelsync.errors import (
+    AccessDeniedError,
+    PresignedUrlExpiredError,
+    RemoteUnavailableError,
+    SizeMismatchError,
+    TransientFetchError,
+)
+
+#: a part answered "expired" this many times in a row, each time with a fresh URL, gives up
+MAX_EXPIRED_IN_A_ROW = 3
+
+
+class PartTransfer:
+    """Lands the parts of one pull: its URLs, its retry policy, the store's gate and the throttle note."""
+
+    def __init__(
+        self, job: PullJob, backends: Backends, staging: Staging, events: PullEvents, threads: TransferThreads
+    ) -> None:
+        self._bucket = job.source.bucket
+        self._policy = RetryPolicy.of(job.settings)
+        self._fetcher = backends.fetcher
+        #: paces requests when the store throttles; shared by every pull of this process to that store
+        self._gate = backends.gate
+        self._staging = staging
+        self._events = events
+        self._threads = threads
+        self._urls = PresignedUrls(backends.store, job.source.bucket, job.settings.presign_expiry_s)
+        #: whether the user was told that the store throttles (once per pull)
+        self._throttle_noted = False
+
+    async def land(self, f: RemoteFile, part: Part, transfer: Callable[[RangeRequest, int], int]) -> None:
+        """One ranged GET, retried from the last byte written until it lands or the policy gives up.
+
+        `transfer(request, start)` runs each attempt in a transfer thread.
+
+        A throttled answer slows the gate for every transfer and waits whole
+        seconds (or the store's Retry-After); other transient failures wait
+        briefly. The part gives up after `policy.attempts` consecutive
+        non-throttle failures, or after `policy.budget_s` without progress,
+        whichever comes first; a byte of progress resets both. An expired URL or
+        token is presigned again (from freshly resolved credentials for a token)
+        and does not count.
+        """
+        start = part.start
+        retries = PartRetries(self._policy)
+        urls = self._urls
+        expired = 0
+        while True:
+            await self._gate.admit()  # first: a long wait here must not age the URL
+            url = await urls.get(f)
+            generation = urls.generation
+            req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag, size_bytes=f.size_bytes)
+            try:
+                await in_thread(self._threads.submit(transfer, req, start))
+            except SizeMismatchError as exc:
+                raise misstated_size(f"s3://{self._bucket}/{f.key}", f, exc.store_bytes) from None
+            except PresignedUrlExpiredError as exc:
+                expired += 1
+                if expired >= MAX_EXPIRED_IN_A_ROW:
+                    raise AccessDeniedError(
+                        f"{exc}; {expired} fresh signatures in a row were refused as expired: the "
+                        "credential chain hands out expired credentials, or this clock is far off"
+                    ) from None
+                await urls.renew(f, url, generation, token_expired=exc.token_expired)
+                continue
+            except TransientFetchError as exc:
+                start += exc.bytes_written
+                await self._wait_to_retry(f, start, part, retries, exc)
+                continue
+            break
+        self._gate.succeeded()
+        self._staging.journal.part_written(f.path, part.index, part.size_bytes)
+
+    async def _wait_to_retry(
+        self, f: RemoteFile, start: int, part: Part, retries: PartRetries, exc: TransientFetchError
+    ) -> None:
+        """Count a failed attempt and wait before the next one; give up when the policy says so."""
+        now = time.monotonic()
+        retries.failed(now, progressed=exc.bytes_written > 0, throttled=exc.throttled)
+        if exc.throttled:
+            self._gate.throttled(exc.retry_after_s)
+            self._note_throttling(exc)
+        if retries.exhausted(now):
+            raise RemoteUnavailableError(
+                f"giving up on {f.key} bytes {start}-{part.end} after "
+                f"{retries.failures + retries.throttles} failed attempts in "
+                f"{retries.stuck_s(now):.0f} s without progress ({exc}); retry the pull later, "
+                "it resumes where it stopped"
+            ) from None
+        await asyncio.sleep(
+            retries.wait_s(
+                now, throttled=exc.throttled, retry_after_s=exc.retry_after_s, jitter=random.random()
+            )
+        )
+
+    def forget_url(self, f: RemoteFile) -> None:
+        """The object changed: its next part is signed afresh."""
+        self._urls.forget(f)
+
+    def into_file(self, fd: int, req: RangeRequest, start: int) -> int:
+        """One ranged GET into the file (in a transfer thread); on disk, start writing it back."""
+        written = self._fetcher.fetch_into(req, fd, start, self._events.fetched)
+        if self._staging.on_disk:
+            fs.start_writeback(fd, start, written)
+        return written
+
+    def _note_throttling(self, exc: TransientFetchError) -> None:
+        """Say once why the pull slows down: a long quiet wait would look like a hang."""
+        if not self._throttle_noted:
+            self._throttle_noted = True
+            self._events.note(
+                f"the store asks for less load ({exc.status} {exc.reason}); every transfer slows down "
+                f"and keeps retrying, for up to {format_duration(self._policy.budget_s)} without progress"
+            )

@@ -34,7 +34,7 @@ import modelsync.adapters.cache.staging as staging_adapter
 import modelsync.adapters.fs as fs_adapter
 import modelsync.adapters.http.body as body_copy
 from modelsync.adapters.cache import STATE_DIR, Cache
-from modelsync.adapters.fs import in_memory
+from modelsync.adapters.volume import in_memory
 from modelsync.backends import s3_writer
 from modelsync.config import Settings
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from modelsync.adapters import fs
+from modelsync.adapters import volume
 from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
@@ -23,10 +23,10 @@ A, B = parse_source("s3://models/org/a/1/"), parse_source("s3://models/org/b/1/"
 
 
 def test_ram_backed_filesystems_are_recognised_from_the_mount_table(tmp_path: Path) -> None:
-    if fs.filesystem_type(Path("/dev/shm")) != "tmpfs":
+    if volume.filesystem_type(Path("/dev/shm")) != "tmpfs":
         pytest.skip("/dev/shm is not a tmpfs here")
-    assert fs.in_memory(Path("/dev/shm/not-yet-created/deeper"))
-    assert fs.filesystem_type(Path("/proc/self")) == "proc"
+    assert volume.in_memory(Path("/dev/shm/not-yet-created/deeper"))
+    assert volume.filesystem_type(Path("/proc/self")) == "proc"
 
 
 def test_a_claim_is_outstanding_until_its_pull_has_written_the_bytes(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_two_pulls_cannot_both_count_the_same_free_bytes(tmp_path: Path) -> None
         try:
             with open_catalog(cache) as catalog:
                 make_room(settings, cache, catalog, A, 12 * MiB, {})
-                assert fs.free_bytes(root) > 8 * MiB, "nothing is allocated up front"
+                assert volume.free_bytes(root) > 8 * MiB, "nothing is allocated up front"
                 with pytest.raises(DiskFullError, match=r"needs 8\.0 MiB"):
                     make_room(settings, cache, catalog, B, 8 * MiB, {})
                 make_room(settings, cache, catalog, B, 3 * MiB, {})

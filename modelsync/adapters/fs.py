@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from modelsync.adapters import volume
 from modelsync.adapters.access import permission_hint
+from modelsync.adapters.libc import last_errno, load_libc
 from modelsync.core.units import format_bytes
 from modelsync.errors import DiskFullError, LocalStorageError
 
 if TYPE_CHECKING:
-    import ctypes
+    pass
 
 DIR_MODE = 0o2775  # setgid: files inherit the cache's group, so a daemon and init containers share it
 FILE_MODE = 0o664
@@ -42,12 +43,7 @@ def storage_errors(path: Path | str, needed_bytes: int | None = None) -> Iterato
 
 def storage_error(exc: OSError, path: Path | str, needed_bytes: int | None = None) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = free_bytes(Path(path))
-        need = f"needs {format_bytes(needed_bytes)}, " if needed_bytes is not None else ""
-        return DiskFullError(
-            f"disk full writing {path}: {need}{format_bytes(free)} free; "
-            "free space (modelsync evict) or raise the volume's size"
-        )
+        return disk_full(path, needed_bytes)
     if exc.errno == errno.EROFS:
         return LocalStorageError(f"{path} is on a read-only filesystem; mount the cache read-write")
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -59,58 +55,12 @@ def storage_error(exc: OSError, path: Path | str, needed_bytes: int | None = Non
     return LocalStorageError(f"cannot use {path}: {exc.strerror or exc}")
 
 
-def free_bytes(path: Path) -> int:
-    """Bytes available to this user on the filesystem holding `path` (or its nearest parent)."""
-    for candidate in (path, *path.parents):
-        try:
-            st = os.statvfs(candidate)
-        except OSError:
-            continue
-        return st.f_bavail * st.f_frsize
-    return 0
-
-
-def allocated_bytes(directory: Path) -> int:
-    """Disk space the files below `directory` occupy (blocks, not apparent size); 0 if absent."""
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(directory, followlinks=False):
-        for name in filenames:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
-_IN_MEMORY = frozenset({"tmpfs", "ramfs"})
-
-
-def in_memory(path: Path) -> bool:
-    """Whether `path` lives on a RAM-backed filesystem, from the mount table."""
-    return filesystem_type(path) in _IN_MEMORY
-
-
-def filesystem_type(path: Path) -> str:
-    """The type of the filesystem mounted at the deepest mount point above `path` ("" if unknown)."""
-    target = os.path.realpath(path)
-    best, fstype = "", ""
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    for line in lines:
-        fields = line.split(" ")
-        if "-" not in fields:
-            continue
-        mount_point = fields[4].replace("\\040", " ")
-        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and len(mount_point) >= len(best):
-            best, fstype = mount_point, fields[fields.index("-") + 1]
-    return fstype
-
-
-def total_bytes(path: Path) -> int:
-    """Size of the filesystem holding `path`: what a budget given as a share refers to."""
-    st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize
+def disk_full(path: Path | str, needed_bytes: int | None = None) -> DiskFullError:
+    need = f"needs {format_bytes(needed_bytes)}, " if needed_bytes is not None else ""
+    return DiskFullError(
+        f"disk full writing {path}: {need}{format_bytes(volume.free_bytes(Path(path)))} free; "
+        "free space (modelsync evict) or raise the volume's size"
+    )
 
 
 def open_dir(path: Path) -> int:
@@ -173,104 +123,17 @@ def exchange(dir_fd: int, name: str, other_dir_fd: int, other_name: str) -> bool
     A refreshed model replaces the old one in a single step: a reader sees the old
     directory or the new one at the ready path, never neither.
     """
-    libc = _libc()
+    libc = load_libc()
     renameat2 = getattr(libc, "renameat2", None) if libc is not None else None
     if renameat2 is None:
         return False
     rc = renameat2(dir_fd, name.encode(), other_dir_fd, other_name.encode(), _RENAME_EXCHANGE)
     if rc == 0:
         return True
-    err = _errno()
+    err = last_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), other_name)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    """libc through ctypes, loaded on first use: ctypes costs every process ~10 ms to import,
-    and the warm path (a ready model) never calls into libc."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name, use_errno=True) if name else None
-
-
-def _errno() -> int:
-    import ctypes
-
-    return ctypes.get_errno()
-
-
-_SYNC_FILE_RANGE_WAIT_BEFORE, _SYNC_FILE_RANGE_WRITE, _SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
-
-
-@functools.cache
-def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    libc = _libc()
-    fn = getattr(libc, "sync_file_range", None) if libc is not None else None
-    if fn is None:
-        return None
-    import ctypes
-
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
-
-
-def start_writeback(fd: int, start: int, length: int) -> None:
-    """Ask the kernel to start writing this range to disk now, without waiting for it.
-
-    Written data otherwise sits dirty until the kernel's limits force writeback, and
-    then every writer is throttled at once (see docs/perf-lab.md, the write path).
-    """
-    fn = _sync_file_range()
-    if fn is not None:
-        fn(fd, start, length, _SYNC_FILE_RANGE_WRITE)
-
-
-def write_behind(fd: int, start: int, length: int) -> None:
-    """Wait until this range is written to disk, then drop it from the page cache.
-
-    For data already read back (hashed): it is not needed in memory again before the
-    final fdatasync, and keeping it would fill the page cache with a model's worth of
-    pages that the kernel must reclaim while the download goes on. Not a durability
-    guarantee (metadata is not flushed); the per-file fdatasync still is.
-    """
-    fn = _sync_file_range()
-    if fn is None:
-        return
-    if fn(fd, start, length, _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
-          | _SYNC_FILE_RANGE_WAIT_AFTER) != 0:
-        err = _errno()
-        raise OSError(err, os.strerror(err))
-    os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
-
-
-def sync_data(fd: int, path: Path) -> None:
-    """fdatasync `fd`, the file at `path`: its data and size are durable; errno becomes a storage error.
-
-    A full or failing disk can refuse here what the writes before were allowed to
-    queue (ENOSPC, EDQUOT, EIO); the caller hears it as DiskFullError or
-    LocalStorageError naming the file, not as a bare OSError.
-    """
-    with storage_errors(path):
-        os.fdatasync(fd)
-
-
-def syncfs(fd: int) -> bool:
-    """Flush the whole file system holding `fd` (data and metadata); False where libc lacks it.
-
-    Errors (EIO) are raised: since Linux 5.8 syncfs reports writeback errors.
-    """
-    libc = _libc()
-    fn = getattr(libc, "syncfs", None) if libc is not None else None
-    if fn is None:
-        return False
-    if fn(fd) != 0:
-        err = _errno()
-        raise OSError(err, os.strerror(err))
-    return True
 
 
 def fsync_dir(path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from modelsync.adapters import access, fs
+from modelsync.adapters import access, volume
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.cache.damaged import DamagedRecord
 from modelsync.cli.options import (
@@ -62,7 +62,7 @@ def ls(cache_dir: CacheDir = None, config: ConfigFile = None, as_json: Json = Fa
         damaged = catalog.damaged
     evictable = {e.model: evictable_at(e, settings.in_use_grace_s) for e in entries}
     used = use.used_bytes
-    free = fs.free_bytes(settings.cache_dir)
+    free = volume.free_bytes(settings.cache_dir)
     _warn_damaged(damaged)
     from modelsync.local_api.client import scheduled_names
 

@@ -2,7 +2,7 @@
 
 Every landed byte stays in the page cache until its file's hasher has read it: on disk
 a part is written back as it lands, but dropped from the cache only once hashed
-(`fs.write_behind`). When hashing is slower than the link, as SHA-256 is on a signed pull
+(`writeback.write_behind`). When hashing is slower than the link, as SHA-256 is on a signed pull
 (~1.2-1.6 GiB/s a core against xxh3's ~10), an unbounded window keeps fetching and the
 bytes waiting for a hasher pile up: gigabytes of page cache, each page a fresh one (or
 another file's, reclaimed) instead of one the write-behind just freed. The transfer

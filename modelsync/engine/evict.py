@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from modelsync.adapters import fs
+from modelsync.adapters import volume
 from modelsync.adapters.cache import Cache
 from modelsync.config import Settings
 from modelsync.core.eviction import CacheEntry, EvictionPlan, budget_use, plan_eviction, plan_watermarks
@@ -96,7 +96,7 @@ def try_lock_all(cache: Cache, refs: Iterable[ModelRef], locks: contextlib.ExitS
 def budget_bytes(settings: Settings) -> int | None:
     if settings.cache_budget is None:
         return None
-    return settings.cache_budget.resolve(fs.total_bytes(settings.cache_dir))
+    return settings.cache_budget.resolve(volume.total_bytes(settings.cache_dir))
 
 
 async def wait_for_room(
@@ -169,7 +169,7 @@ def make_room(
             result = evict(cache, catalog, plan.victims)
             evicted += result.evicted
             skipped += result.skipped
-        free = fs.free_bytes(cache.root) - sum(
+        free = volume.free_bytes(cache.root) - sum(
             cache.outstanding_bytes(slug, claim)
             for slug, claim in cache.reservations().items()
             if slug != ref.slug

@@ -18,11 +18,10 @@ import asyncio
 import functools
 import os
 
-from modelsync.adapters import fs
+from modelsync.adapters import fs, writeback
 from modelsync.adapters.cache import Staging
 from modelsync.adapters.digest import FileDigest, PrefixHasher
 from modelsync.core.parts import FileWork, RemoteFile
-from modelsync.core.units import format_bytes
 from modelsync.core.verify import empty_but_etag_says_not, misstated_size
 from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.events import PullEvents
@@ -95,13 +94,9 @@ class FetchWindow:
             else:
                 await self._fetch_parts(work, hasher)
             return hasher.digest()
-        except DiskFullError as exc:
-            raise DiskFullError(
-                f"disk full writing {self._staging.dir / work.file.path}: needs "
-                f"{format_bytes(work.missing_bytes)} for this file, "
-                f"{format_bytes(fs.free_bytes(self._staging.dir))} free ({exc}); "
-                "free space (modelsync evict) or raise the volume's size"
-            ) from None
+        except DiskFullError:
+            # the write that failed knows its path and the free space, not what this file needs
+            raise fs.disk_full(self._staging.dir / work.file.path, work.missing_bytes) from None
 
     async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> None:
         """The general path: the file open while its parts land in any order and a hasher follows."""
@@ -116,7 +111,7 @@ class FetchWindow:
                 # data is on disk already (write-behind); this makes its size and extents
                 # durable. A one-part file waits for publish's single syncfs: thousands of
                 # small files would each pay a journal commit here.
-                await asyncio.to_thread(fs.sync_data, fd, self._staging.dir / work.file.path)
+                await asyncio.to_thread(writeback.sync_data, fd, self._staging.dir / work.file.path)
         finally:
             prefix.backlog.close()
             os.close(fd)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from modelsync.adapters import fs
+from modelsync.adapters import fs, writeback
 from modelsync.adapters.cache import Staging
 from modelsync.adapters.digest import PrefixHasher, sha256_slots
 from modelsync.core.parts import FileWork, Part
@@ -89,4 +89,4 @@ class Hashers:
         hasher.feed(fd, end)
         if self._staging.on_disk:
             with fs.storage_errors(self._staging.dir):
-                fs.write_behind(fd, start, hasher.position - start)
+                writeback.write_behind(fd, start, hasher.position - start)

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
-from modelsync.adapters import fs
+from modelsync.adapters import writeback
 from modelsync.adapters.cache import Staging
 from modelsync.core.parts import Part, RemoteFile
 from modelsync.core.retry import PartRetries, RetryPolicy
@@ -127,7 +127,7 @@ class PartTransfer:
         """One ranged GET into the file (in a transfer thread); on disk, start writing it back."""
         written = self._fetcher.fetch_into(req, fd, start, self._events.fetched)
         if self._staging.on_disk:
-            fs.start_writeback(fd, start, written)
+            writeback.start_writeback(fd, start, written)
         return written
 
     def _note_throttling(self, exc: TransientFetchError) -> None:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelsync.adapters import fs
+from modelsync.adapters import fs, volume
 from modelsync.adapters.cache.layout import Layout
 from modelsync.adapters.cache.locks import lock_is_held
 from modelsync.core.refs import ModelRef
@@ -86,7 +86,7 @@ class Markers(Layout):
         """Claim `n_bytes` for a pull; files are allocated as they are opened, so the claim
         also notes what the staging area already holds, to tell later how much is still to come."""
         marker = self.reservations_dir / ref.slug
-        baseline = fs.allocated_bytes(self.staging_dir / ref.slug)
+        baseline = volume.allocated_bytes(self.staging_dir / ref.slug)
         doc = {"bytes": n_bytes, "source": ref.uri, "baseline": baseline}
         with fs.storage_errors(marker):
             fs.write_atomic(marker, json.dumps(doc).encode())
@@ -115,7 +115,7 @@ class Markers(Layout):
 
     def outstanding_bytes(self, slug: str, claim: Reservation) -> int:
         """Bytes a live pull has claimed but not yet allocated: free space that is already spoken for."""
-        written = fs.allocated_bytes(self.staging_dir / slug) - claim.baseline_bytes
+        written = volume.allocated_bytes(self.staging_dir / slug) - claim.baseline_bytes
         return max(0, claim.size_bytes - written)
 
     def forget(self, ref: ModelRef) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import os
 from pathlib import Path, PurePosixPath
 
-from modelsync.adapters import fs
+from modelsync.adapters import fs, writeback
 from modelsync.adapters.cache.records import RecordFiles
 from modelsync.adapters.cache.staging import Staging
 from modelsync.core.record import CompletionRecord, render_record
@@ -187,7 +187,7 @@ def _seal_tree(directory: Path) -> None:
             os.close(fd)
     root = fs.open_dir(directory)
     try:
-        synced = fs.syncfs(root)
+        synced = writeback.syncfs(root)
     finally:
         os.close(root)
     if synced:

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from modelsync.adapters import fs
+from modelsync.adapters import fs, volume
 from modelsync.adapters.cache.journal import Journal
 from modelsync.adapters.cache.layout import Layout
 from modelsync.core.refs import ModelRef
@@ -23,7 +23,7 @@ class Staging:
         # early error), its hashed ranges are written behind and it is flushed as it completes.
         # On tmpfs allocating means zero-filling RAM that the download overwrites at once
         # (about 0.25 s per GiB here), and there is nothing to flush, so all that is skipped.
-        self.on_disk = not fs.in_memory(cache.root)
+        self.on_disk = not volume.in_memory(cache.root)
         self.journal = Journal(cache.staging_dir / f"{ref.slug}.journal", ref.uri)
 
     def prepare(self, resume: bool) -> None:

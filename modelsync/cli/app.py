@@ -28,7 +28,7 @@ from typer._click.exceptions import UsageError as ParseError
 from typer.core import TyperCommand
 
 from modelsync import interrupt
-from modelsync.cli import cache, node, pull
+from modelsync.cli import cache, node, pull, verify
 from modelsync.cli.options import user_errors
 from modelsync.errors import ExitCode
 
@@ -110,7 +110,7 @@ for _name, _command in (
     ("evict", cache.evict_command),
     ("pin", cache.pin),
     ("unpin", cache.unpin),
-    ("verify", cache.verify),
+    ("verify", verify.verify),
     ("gc", cache.gc),
     ("plan", node.plan),
     ("daemon", node.daemon),

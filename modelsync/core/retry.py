@@ -161,9 +161,11 @@ class RetryPolicy:
     budget_s: float = 600.0
     #: consecutive failures (not throttling) without a byte of progress before giving up
     attempts: int = 5
-    #: the shortest wait after a throttled answer; doubles per failure up to `throttle_cap_s`
+    #: the shortest wait after a throttled answer; plus jitter that doubles per failure up to
+    #: `throttle_cap_s`. Short: the shared `SendGate` is what slows the process down, and a part
+    #: asleep for long after the store has room again leaves its egress idle
     throttle_floor_s: float = 1.0
-    throttle_cap_s: float = 20.0
+    throttle_cap_s: float = 2.0
     #: a Retry-After longer than this is clipped (a misconfigured store must not park a pull for hours)
     retry_after_cap_s: float = 60.0
     #: the first wait after a non-throttling failure; doubles up to `error_cap_s`

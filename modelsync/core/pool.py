@@ -18,8 +18,11 @@ however fast each node is.
 A model is late *because of the store* when one node alone would have it before
 its window opens but the last node of the pool would not. Two suggestions follow:
 
-- cap each node at the store's share (`--max-bandwidth` = store rate / N, rounded
-  down, by at most a tenth): a faster node only draws 503 SlowDown and slows the others;
+- cap each node below the store's share (`--max-bandwidth` = 9/10 of store rate / N,
+  rounded down, by at most a tenth): a faster node only draws 503 SlowDown and slows
+  the others, and nodes capped at exactly the share ask for all of the store's egress
+  together, which a store that sheds load near saturation (AIStor, S3 at its link)
+  answers with 503s too. Capped so, the last node is done in `fill` at that rate;
 - start earlier: lead = the model's lead + how late the last node is, rounded up
   to a minute. A window that is already open (or `always`) has no lead to change.
 
@@ -47,6 +50,10 @@ _MIN_UNIT_COUNT = 10
 _BINARY_RATE_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("ki", 2**10))
 #: more nodes than any pool has: a typo, and a share that rounds to nothing
 MAX_POOL_NODES = 100_000
+#: the suggested cap is this part of the store's share: N capped nodes leave a tenth of its
+#: egress spare, so a store that refuses new GETs when (nearly) saturated refuses none
+#: (docs/schedule.md, "The pool plan against a measured pool")
+SUGGESTED_SHARE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +143,19 @@ class PoolPlan:
 
     @property
     def suggested_max_bandwidth_bytes_per_s(self) -> int | None:
-        """The store's share per node, rounded down to what `rate_flag` prints; None when that
-        is below the smallest cap (`--max-bandwidth 0` would mean no cap at all)."""
+        """SUGGESTED_SHARE of the store's share per node, rounded down to what `rate_flag` prints;
+        None when that is below the smallest cap (`--max-bandwidth 0` would mean no cap at all)."""
         return _suggested_cap(self.share)[0]
+
+    @property
+    def suggested_fill_s(self) -> float | None:
+        """`fill_s` with every node at the suggested cap (or its own rate, if lower); None without one."""
+        cap = self.suggested_max_bandwidth_bytes_per_s
+        if cap is None:
+            return None
+        own = self.share.node_bytes_per_s
+        rate = min(self.share.per_node_bytes_per_s, cap if own is None else min(own, cap))
+        return min(self.node_fetch_bytes / rate, READY_HORIZON_S)
 
 
 def plan_pool(
@@ -166,10 +183,11 @@ def rate_flag(bytes_per_s: float) -> str:
 
 
 def _suggested_cap(share: PoolShare) -> tuple[int, str] | tuple[None, None]:
-    """The `--max-bandwidth` to suggest, or none when the share is below the smallest cap."""
-    if share.share_bytes_per_s < MIN_RATE_CAP_BYTES_PER_S:
+    """The `--max-bandwidth` to suggest, or none when it would be below the smallest cap."""
+    rate = share.share_bytes_per_s * SUGGESTED_SHARE
+    if rate < MIN_RATE_CAP_BYTES_PER_S:
         return None, None
-    return _round_down_rate(share.share_bytes_per_s)
+    return _round_down_rate(rate)
 
 
 def _round_down_rate(bytes_per_s: float) -> tuple[int, str]:
@@ -196,6 +214,7 @@ def pool_json(plan: PoolPlan) -> dict[str, object]:
         "fill_s": plan.fill_s,
         "suggested_max_bandwidth_bytes_per_s": plan.suggested_max_bandwidth_bytes_per_s,
         "suggested_max_bandwidth": _suggested_cap(plan.share)[1],
+        "suggested_fill_s": plan.suggested_fill_s,
         "late": [m.alone.model_id for m in plan.store_late],
         "models": [
             {
@@ -227,10 +246,11 @@ def render_pool(plan: PoolPlan) -> list[str]:
         f"the last node is done in {_duration(plan.fill_s)}",
     ]
     cap = _suggested_cap(share)[1]
-    if share.store_bound and cap is not None:
+    if share.store_bound and cap is not None and plan.suggested_fill_s is not None:
+        capped_fill = _duration(plan.suggested_fill_s)
         lines.append(
-            f"suggest: --max-bandwidth {cap} per node "
-            "(the store's share; faster nodes only draw 503 SlowDown)"
+            f"suggest: --max-bandwidth {cap} per node ({SUGGESTED_SHARE:.0%} of the store's share: faster "
+            f"nodes only draw 503 SlowDown); capped so, the last node is done in {capped_fill}"
         )
     elif share.store_bound:
         lines.append(

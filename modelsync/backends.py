@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from modelsync.adapters.http.rate_limit import TokenBucket
+from modelsync.adapters.http.rate_limit import TokenBucket, capped_read_bytes
 from modelsync.config import Settings
 from modelsync.core.retry import RetryPolicy
 from modelsync.engine.ports import Backends, OpenBackends, OpenWriter
@@ -48,12 +48,14 @@ def s3_backends(settings: Settings) -> OpenBackends:
         from modelsync.adapters.store.data_plane import open_store
 
         limit = settings.max_bandwidth_bytes_per_s
+        capped_read = capped_read_bytes(limit, settings.concurrency) if limit else None
         client = RangeClient(
             ssl_context=data_plane_context(settings),
             connect_timeout_s=settings.connect_timeout_s,
             read_timeout_s=settings.read_timeout_s,
-            buffer_bytes=settings.read_chunk_bytes,
+            buffer_bytes=min(settings.read_chunk_bytes, capped_read or settings.read_chunk_bytes),
             rate_limiter=TokenBucket(limit) if limit else None,
+            receive_buffer_bytes=capped_read,
         )
         try:
             async with open_store(settings, client) as store:

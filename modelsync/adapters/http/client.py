@@ -73,7 +73,9 @@ class RangeClient:
     Each thread that calls ``fetch_into`` gets its own keep-alive connection per
     endpoint and its own ``buffer_bytes`` buffer, so threads never wait on each
     other except for the GIL, which the socket and file copies release.
-    ``read_timeout_s`` bounds every wait for bytes from the server.
+    ``read_timeout_s`` bounds every wait for bytes from the server. A capped
+    client (``rate_limiter``) also takes ``receive_buffer_bytes`` (see
+    http/rate_limit.py `capped_read_bytes`).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class RangeClient:
         read_timeout_s: float = 30.0,
         buffer_bytes: int = 1024 * 1024,
         rate_limiter: RateLimiter | None = None,
+        receive_buffer_bytes: int | None = None,
         wait_all: bool = True,
         proxy_for: Callable[[str], str | None] = environ_proxy,
     ) -> None:
@@ -101,6 +104,7 @@ class RangeClient:
             read_timeout_s=read_timeout_s,
             wait_all=wait_all,
             proxy_for=proxy_for,
+            receive_buffer_bytes=receive_buffer_bytes,
         )
         self._exchanges = Exchanges(conns, buffer_bytes)
 

@@ -40,7 +40,8 @@ class Connections:
     """The calling thread's connection to each endpoint, made on first use; see the module docstring.
 
     ``read_timeout_s`` bounds every wait for bytes; ``wait_all`` leaves plain TCP
-    sockets blocking with kernel-side timeouts, for ``recv(MSG_WAITALL)``.
+    sockets blocking with kernel-side timeouts, for ``recv(MSG_WAITALL)``;
+    ``receive_buffer_bytes`` fixes each socket's receive buffer (else the kernel tunes it).
     """
 
     def __init__(
@@ -51,8 +52,10 @@ class Connections:
         read_timeout_s: float,
         wait_all: bool,
         proxy_for: Callable[[str], str | None],
+        receive_buffer_bytes: int | None = None,
     ) -> None:
         self._ssl = ssl_context
+        self._receive_buffer_bytes = receive_buffer_bytes
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._wait_all = wait_all
@@ -122,6 +125,8 @@ class Connections:
         try:
             self._track(sock)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._receive_buffer_bytes is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._receive_buffer_bytes)
             if proxy is not None and endpoint.tls:
                 tunnel(sock, endpoint, proxy)
             if endpoint.tls:

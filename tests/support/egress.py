@@ -112,6 +112,8 @@ class EgressCap(Service):
         self._stopping = threading.Event()
         self.traffic = [NodeTraffic() for _ in range(nodes)]
         self.first_get_s: float | None = None
+        #: time.monotonic(), size and node of every chunk relayed
+        self.served: list[tuple[float, int, int]] = []
 
     def endpoint_url(self, node: int) -> str:
         return f"http://{LOOPBACK}:{self._listeners[node].getsockname()[1]}"
@@ -139,6 +141,7 @@ class EgressCap(Service):
         with self._lock:
             self.traffic = [NodeTraffic() for _ in range(self._nodes)]
             self.first_get_s = None
+            self.served = []
 
     # ---- the data path (threads) ----
 
@@ -226,6 +229,7 @@ class EgressCap(Service):
                     client.sendall(view[:n])
                 with self._lock:
                     self.traffic[node].bytes_served += n
+                    self.served.append((time.monotonic(), n, node))
         except OSError:
             return
         finally:

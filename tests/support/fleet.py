@@ -9,14 +9,33 @@ closing note quotes comes out as `FleetFigures`.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.cli import MODELSYNC
 from support.faultproxy import FaultProxy
+
+#: a node process: import what a cold pull imports (the S3 SDK included), say so (argv[1]),
+#: wait for stdin to close, then pull
+_AT_THE_BARRIER = """
+import os, sys
+from pathlib import Path
+import modelsync.adapters.data_plane_store, modelsync.adapters.ranged_http, modelsync.adapters.s3
+import modelsync.backends, modelsync.engine.ensure, modelsync.engine.pull, modelsync.foreground_pull
+import modelsync.plain_pull, modelsync.progress
+import aiobotocore.client, aiobotocore.endpoint, aiobotocore.httpsession, aiobotocore.parsers
+import aiobotocore.signers, aiohttp, xml.etree.ElementTree
+from modelsync.__main__ import main
+Path(sys.argv[1]).touch()
+sys.stdin.buffer.read()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+sys.argv = ["modelsync", *sys.argv[2:]]
+main()
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +44,10 @@ class NodeResult:
     cache: Path
     #: None when it was still running at the deadline (then killed)
     returncode: int | None
-    #: seconds from the fleet's start until this pull exited
+    #: seconds from the barrier's release until this pull exited
     finished_s: float
+    #: time.monotonic() when it exited
+    finished_at: float
     stdout: str
     stderr: str
 
@@ -77,20 +98,35 @@ def run_fleet(
     """Start one `modelsync pull URI` per cache at once and wait for all (killing any past the deadline).
 
     `env` is every node's environment, or one per node (each its own endpoint, say).
+    Every process first imports what a pull needs and waits at a barrier; the clock
+    (`finished_s`) starts when all are released together, as when a window opens on
+    running daemons: on a small shared machine N Python start-ups take seconds, and
+    would spread the starts by as much.
     Output goes to files beside each cache, never pipes: N undrained pipes could
     block the pulls they are meant to observe.
     """
     envs = [env] * len(caches) if isinstance(env, dict) else list(env)
-    started = time.monotonic()
     running = []
     for cache, node_env in zip(caches, envs, strict=True):
         cache.parent.mkdir(parents=True, exist_ok=True)
         out, err = cache.with_suffix(".out").open("w"), cache.with_suffix(".err").open("w")
         process = subprocess.Popen(
-            [*MODELSYNC, "pull", uri, "--cache-dir", str(cache), "--quiet", *extra],
-            env=node_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            [sys.executable, "-c", _AT_THE_BARRIER, str(cache.with_suffix(".ready")),
+             "pull", uri, "--cache-dir", str(cache), "--quiet", *extra],
+            env=node_env, stdin=subprocess.PIPE, stdout=out, stderr=err,
         )  # fmt: skip
         running.append((process, out, err))
+    ready = [cache.with_suffix(".ready") for cache in caches]
+    deadline = time.monotonic() + timeout_s
+    while not all(r.exists() or p.poll() is not None for r, (p, _o, _e) in zip(ready, running, strict=True)):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    started = time.monotonic()
+    for process, _out, _err in running:
+        assert process.stdin is not None
+        with contextlib.suppress(OSError):  # one that died at start-up reports through its exit
+            process.stdin.close()
     finished: dict[int, float] = {}
     deadline = started + timeout_s
     try:
@@ -112,6 +148,7 @@ def run_fleet(
             cache=cache,
             returncode=process.returncode if index in finished else None,
             finished_s=finished.get(index, timeout_s),
+            finished_at=started + finished.get(index, timeout_s),
             stdout=cache.with_suffix(".out").read_text(),
             stderr=cache.with_suffix(".err").read_text(),
         )

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from modelsync.adapters.http.conns import Connections
-from modelsync.adapters.http.route import Endpoint
 from modelsync.adapters.http.rate_limit import TokenBucket, capped_read_bytes
+from modelsync.adapters.http.route import Endpoint
 
 MiB = 1024 * 1024
 

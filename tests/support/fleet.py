@@ -24,7 +24,7 @@ from support.faultproxy import FaultProxy
 _AT_THE_BARRIER = """
 import os, sys
 from pathlib import Path
-import modelsync.adapters.data_plane_store, modelsync.adapters.ranged_http, modelsync.adapters.s3
+import modelsync.adapters.http.client, modelsync.adapters.store.data_plane, modelsync.adapters.store.sdk
 import modelsync.backends, modelsync.engine.ensure, modelsync.engine.pull, modelsync.foreground_pull
 import modelsync.plain_pull, modelsync.progress
 import aiobotocore.client, aiobotocore.endpoint, aiobotocore.httpsession, aiobotocore.parsers

@@ -84,7 +84,7 @@ def test_connections_set_the_receive_buffer_they_are_given(
         receive_buffer_bytes=wanted,
     )
     try:
-        sock = conns.get(Endpoint("http", "127.0.0.1", port, f"127.0.0.1:{port}")).sock
+        sock = conns.get(Endpoint(tls=False, host="127.0.0.1", port=port, netloc=f"127.0.0.1:{port}")).sock
         size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
     finally:
         conns.close()

@@ -22,7 +22,7 @@ its window opens but the last node of the pool would not. Two suggestions follow
   rounded down, by at most a tenth): a faster node only draws 503 SlowDown and slows
   the others, and nodes capped at exactly the share ask for all of the store's egress
   together, which a store that sheds load near saturation (AIStor, S3 at its link)
-  answers with 503s too. Capped so, the last node is done in `fill` at that rate;
+  answers with 503s too. The plan times the pool at that cap as well;
 - start earlier: lead = the model's lead + how late the last node is, rounded up
   to a minute. A window that is already open (or `always`) has no lead to change.
 
@@ -153,9 +153,8 @@ class PoolPlan:
         cap = self.suggested_max_bandwidth_bytes_per_s
         if cap is None:
             return None
-        own = self.share.node_bytes_per_s
-        rate = min(self.share.per_node_bytes_per_s, cap if own is None else min(own, cap))
-        return min(self.node_fetch_bytes / rate, READY_HORIZON_S)
+        own = self.share.node_bytes_per_s  # the cap is below the share, so only the node can be lower
+        return min(self.node_fetch_bytes / (cap if own is None else min(own, cap)), READY_HORIZON_S)
 
 
 def plan_pool(

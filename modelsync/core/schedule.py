@@ -142,6 +142,10 @@ class Schedule:
         """Every entry (each variant) called `name`."""
         return tuple(model for model in self.models if model.name == name)
 
+    def source_of(self, model_id: str) -> ModelRef | None:
+        """The source of the entry whose cache entry is `model_id`, if the schedule lists one."""
+        return next((m.source for m in self.models if m.source.model_id == model_id), None)
+
 
 def load_schedule(text: str, filename: str, known_pools: frozenset[str] | None = None) -> Schedule:
     """Parse and validate a schedule; any problem is one `ScheduleError` line with its location.

@@ -189,7 +189,7 @@ class Reconciler:
             (m.model_id for m in plan.keep if m.protected and m.model_id in scheduled),
             self._clock(),
         )
-        unsized = [self._scheduled_ref(m.model_id) for m in plan.fetch if m.size_bytes is None]
+        unsized = [schedule.source_of(m.model_id) for m in plan.fetch if m.size_bytes is None]
         self._sizes.learn([ref for ref in unsized if ref is not None], self._clock())
         self.observer.observe_plan(plan, time.time())
 
@@ -202,12 +202,9 @@ class Reconciler:
         ref = self._requests.ref(job.model_id) if job is not None and job.requested else None
         if job is None or (ref := ref or self._scheduled_ref(job.model_id)) is None:
             return
-        label = job.model_id if job.requested else self._label(job.model_id)
+        planned = self.plan.model(job.model_id) if self.plan is not None and not job.requested else None
+        label = planned.label if planned is not None else job.model_id
         self._slot.start(job, ref, label, self.rules_for(ref), self._protected())
-
-    def _label(self, model_id: str) -> str:
-        planned = self.plan.model(model_id) if self.plan is not None else None
-        return planned.label if planned is not None else model_id
 
     def _protected(self) -> dict[str, str]:
         """What the schedule needs now: the engine's space reservation must not evict these."""

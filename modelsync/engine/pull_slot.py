@@ -165,15 +165,12 @@ class PullSlot:
         if running.job.refresh:
             if result.fetched_bytes:
                 log.info("%s changed at its source and was refreshed", label, extra={"model": label})
-            return
-        margin = self._margin_s(model_id)
-        self._observer.pull_succeeded(label, result.elapsed_s, margin)
-        log.info(
-            "%s is ready at %s",
-            label,
-            result.path,
-            extra={"model": label, "seconds": round(result.elapsed_s, 3), "ready_before_window_s": margin},
-        )
+        else:
+            margin = self._margin_s(model_id)
+            self._observer.pull_succeeded(label, result.elapsed_s, margin)
+            extra = {"model": label, "seconds": round(result.elapsed_s, 3), "ready_before_window_s": margin}
+            log.info("%s is ready at %s", label, result.path, extra=extra)
+        # a request made while a refresh check ran ends with it (the queue dropped it too)
         self._requests.answer(model_id, result.path)
 
     def _failed(self, running: Running, exc: BaseException, delay_s: float) -> None:

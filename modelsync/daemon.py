@@ -32,7 +32,8 @@ from modelsync.config import Settings
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
 from modelsync.engine.events import PullEvents
 from modelsync.engine.inventory import cache_entries, remote_sizes
-from modelsync.engine.reconcile import EnsureReady, LoopConfig, Reconciler
+from modelsync.engine.pull_slot import EnsureReady
+from modelsync.engine.reconcile import LoopConfig, Reconciler
 from modelsync.engine.rules import PullRules
 from modelsync.errors import UsageError
 from modelsync.local_api.handlers import handler

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from modelsync.config import Settings
+from modelsync.core.eviction import CacheEntry
 from modelsync.core.plan import NodePlan
 from modelsync.core.refs import parse_source
 from modelsync.core.schedule import load_schedule
@@ -75,8 +76,9 @@ class FakeEnsureReady:
     """Stands in for `ensure_ready`: each model's pulls play a script of outcomes, in order.
 
     "block" waits until the loop cancels the pull, then raises PullCancelledError
-    (so does every pull past the end of the script); an exception is raised;
-    anything else returns a ready result. Every start is an event a test can wait for.
+    (so does every pull past the end of the script); an exception is raised; an
+    event is waited for, then the pull ends ready; anything else returns a ready
+    result. Every start is an event a test can wait for.
     """
 
     def __init__(self, cache_dir: Path, script: dict[str, list[object]]) -> None:
@@ -98,6 +100,8 @@ class FakeEnsureReady:
             raise PullCancelledError("cancelled")
         if isinstance(outcome, Exception):
             raise outcome
+        if isinstance(outcome, threading.Event):
+            assert outcome.wait(30)
         return PullResult(self.cache_dir / ref.cache_path, 1, 1, 0.0, 1)
 
     async def wait_started(self, model_id: str, attempt: int) -> None:
@@ -109,15 +113,17 @@ def loop(
     ensure: FakeEnsureReady,
     announced: Callable[[], frozenset[str]] = frozenset,
     scheduled: bool = True,
+    cached: tuple[CacheEntry, ...] = (),
+    refresh_s: float = 0.0,
 ) -> tuple[Reconciler, Observer]:
-    """A loop over a cache that the fake never fills: a scheduled model is always still to fetch."""
+    """A loop over a cache that the fake never fills: a scheduled model is still to fetch unless `cached`."""
     observer = Observer()
     reconciler = Reconciler(
         Settings(cache_dir=tmp_path / "cache"),
-        LoopConfig(pool=POOL, node="node-a", jitter_max_s=0.0, refresh_s=0.0, poll_s=0.05),
+        LoopConfig(pool=POOL, node="node-a", jitter_max_s=0.0, refresh_s=refresh_s, poll_s=0.05),
         observer,
         ensure,
-        inventory=lambda cache: [],
+        inventory=lambda cache: list(cached),
         foreground=lambda cache_dir: announced(),
         sizer=lambda refs: RemoteSizes({}, {}),
     )
@@ -193,3 +199,22 @@ def test_a_failed_pull_reaches_its_waiter_with_its_own_error_class(tmp_path: Pat
 
     assert observer.failures == ["not_found"]
     assert WANTED.model_id in reconciler.queue.retries, "the failed model backs off"
+
+
+def test_a_request_made_during_a_refresh_check_is_answered_when_the_check_ends(tmp_path: Path) -> None:
+    """The check's end is the request's: its waiter gets the path, not a wait until the daemon stops."""
+    release = threading.Event()
+    ensure = FakeEnsureReady(tmp_path / "cache", {BACKGROUND.model_id: [release]})
+    staged = CacheEntry(BACKGROUND.model_id, last_used_at=0.0)
+    reconciler, _ = loop(tmp_path, ensure, cached=(staged,), refresh_s=900.0)
+
+    async def body() -> None:
+        await ensure.wait_started(BACKGROUND.model_id, 0)
+        assert ensure.calls[0][1].refresh, "a staged model is checked, not fetched"
+        (future,) = reconciler.request([BACKGROUND], preempt=True)
+        release.set()
+        assert await asyncio.wait_for(future, 10) == tmp_path / "cache" / BACKGROUND.cache_path
+
+    asyncio.run(running(reconciler, body))
+
+    assert len(ensure.calls) == 1, "the request needed no second pull"

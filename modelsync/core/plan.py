@@ -166,6 +166,9 @@ class NodePlan:
         """The fetches fit the budget once the planned evictions are done (always, without a budget)."""
         return self.eviction.satisfied
 
+    def model(self, model_id: str) -> PlannedModel | None:
+        return next((m for m in self.models if m.model_id == model_id), None)
+
     def _with(self, action: Action) -> tuple[PlannedModel, ...]:
         return tuple(m for m in self.models if m.action is action)
 

@@ -43,18 +43,17 @@ only the safe YAML loader and refuses alias bombs without ever expanding them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import yaml
-from yaml.nodes import Node, ScalarNode
+from yaml.nodes import Node
 
 from modelsync.core.refs import ModelRef, parse_source
+from modelsync.core.schedule_fields import FieldReader
 from modelsync.core.schedule_variants import Located, read_variants, refuse_duplicates
-from modelsync.core.schedule_yaml import BoundedLoader, NodeReader, compose, value_of, yaml_error
-from modelsync.core.signature import Mode, SignatureRule, Trust, parse_mode
-from modelsync.core.units import parse_duration
-from modelsync.core.windows import ALWAYS, CronWindow, Window, load_zone, validate_cron
+from modelsync.core.schedule_yaml import BoundedLoader, compose, value_of, yaml_error
+from modelsync.core.signature import Mode, SignatureRule, Trust
+from modelsync.core.windows import Window
 from modelsync.errors import ScheduleError
 
 __all__ = [
@@ -86,16 +85,10 @@ DEFAULT_TIMEZONE = "UTC"
 DEFAULT_LEAD_S = 30 * 60.0
 DEFAULT_KEEP_S = 2 * 3600.0
 DEFAULT_PRIORITY = 50
-MIN_PRIORITY, MAX_PRIORITY = 0, 1000
 
-# A Kubernetes label value (pools come from the `accelerator.pool` label); names share it.
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 _TOP_KEYS = ("version", "timezone", "defaults", "models")
 _DEFAULTS_KEYS = ("lead", "keep", "priority", "signature")
 _MODEL_KEYS = ("name", "source", "pools", "priority", "lead", "keep", "windows", "signature", "variants")
-_VARIANT_KEYS = ("pools", "source", "variant")
-_SIGNATURE_KEYS = ("mode", "public_keys", "certificate_chain", "identities")
-_WINDOW_KEYS = ("cron", "duration", "timezone")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +135,10 @@ class Schedule:
         """Every entry (each variant) called `name`."""
         return tuple(model for model in self.models if model.name == name)
 
+    def source_of(self, model_id: str) -> ModelRef | None:
+        """The source of the entry whose cache entry is `model_id`, if the schedule lists one."""
+        return next((m.source for m in self.models if m.source.model_id == model_id), None)
+
 
 def load_schedule(text: str, filename: str, known_pools: frozenset[str] | None = None) -> Schedule:
     """Parse and validate a schedule; any problem is one `ScheduleError` line with its location.
@@ -180,14 +177,8 @@ class _Defaults:
     signature: tuple[Mode, Trust] | None = None
 
 
-class _Reader(NodeReader):
-    """The format: which keys each mapping has and what their values mean."""
-
-    def __init__(self, loader: BoundedLoader, filename: str, known_pools: frozenset[str] | None) -> None:
-        super().__init__(loader, filename)
-        self._known_pools = known_pools
-
-    # --- the format ---------------------------------------------------------------------
+class _Reader(FieldReader):
+    """The format's shape: the top-level keys, the defaults, each entry and its variants."""
 
     def schedule(self, root: Node) -> Schedule:
         fields = self.mapping(root, "", _TOP_KEYS, required=())
@@ -267,101 +258,6 @@ class _Reader(NodeReader):
             (replace(model, signature=_rule(model.source, signature)), where, source_node, name_node)
             for model, where, source_node in read_variants(self, fields["variants"], f"{path}.variants", base)
         ]
-
-    def signature(self, node: Node, path: str) -> tuple[Mode, Trust]:
-        """`required | if-present | off`, or a mapping with the mode and its trust (key paths on the node)."""
-        if isinstance(node, ScalarNode):
-            text = self.string(node, path)
-            return self.check(node, path, lambda: parse_mode(text)), Trust()
-        fields = self.mapping(node, path, _SIGNATURE_KEYS, required=("mode",))
-        mode_text = self.string(fields["mode"], f"{path}.mode")
-        mode = self.check(fields["mode"], f"{path}.mode", lambda: parse_mode(mode_text))
-        return mode, Trust(
-            public_keys=self.optional(fields, "public_keys", f"{path}.public_keys", self.strings, ()),
-            certificate_chain=self.optional(
-                fields, "certificate_chain", f"{path}.certificate_chain", self.strings, ()
-            ),
-            identities=self.optional(fields, "identities", f"{path}.identities", self.strings, ()),
-        )
-
-    def strings(self, node: Node, path: str) -> tuple[str, ...]:
-        items = self.sequence(node, path)
-        values = tuple(self.string(item, f"{path}[{i}]") for i, item in enumerate(items))
-        for i, (item, value) in enumerate(zip(items, values, strict=True)):
-            if not value:
-                raise self.fail(item, f"{path}[{i}]", "empty; name a file or an identity")
-        return values
-
-    def pools(self, node: Node, path: str) -> tuple[str, ...]:
-        items = self.sequence(node, path)
-        if not items:
-            raise self.fail(node, path, "empty; name at least one pool")
-        pools: list[str] = []
-        for index, item in enumerate(items):
-            pool = self.label_value(item, f"{path}[{index}]")
-            if pool in pools:
-                raise self.fail(item, f"{path}[{index}]", f"duplicate pool {pool!r}")
-            if self._known_pools is not None and pool not in self._known_pools:
-                known = ", ".join(sorted(self._known_pools)[:20]) or "none"
-                raise self.fail(item, f"{path}[{index}]", f"unknown pool {pool!r}; known: {known}")
-            pools.append(pool)
-        return tuple(pools)
-
-    def windows(self, node: Node, path: str, default_zone: str) -> tuple[Window, ...]:
-        items = self.sequence(node, path)
-        if not items:
-            raise self.fail(node, path, "empty; use [always] or at least one cron window")
-        return tuple(self.window(item, f"{path}[{index}]", default_zone) for index, item in enumerate(items))
-
-    def window(self, node: Node, path: str, default_zone: str) -> Window:
-        if isinstance(node, ScalarNode):
-            if self.scalar(node, path) == "always":
-                return ALWAYS
-            raise self.fail(node, path, "expected 'always' or a mapping with cron and duration")
-        fields = self.mapping(node, path, _WINDOW_KEYS, required=("cron", "duration"))
-        cron = self.string(fields["cron"], f"{path}.cron")
-        self.check(fields["cron"], f"{path}.cron", lambda: validate_cron(cron))
-        duration_s = self.duration(fields["duration"], f"{path}.duration")
-        if duration_s <= 0:
-            raise self.fail(fields["duration"], f"{path}.duration", "must be longer than 0s")
-        zone = self.optional(fields, "timezone", f"{path}.timezone", self.zone, default_zone)
-        return CronWindow(cron=cron, duration_s=duration_s, timezone=zone)
-
-    # --- typed values -----------------------------------------------------------------------
-
-    def source(self, node: Node, path: str) -> ModelRef:
-        text = self.string(node, path)
-        return self.check(node, path, lambda: parse_source(text))
-
-    def duration(self, node: Node, path: str) -> float:
-        value = self.scalar(node, path)
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            raise self.wrong_type(node, path, "a duration such as 30m", value)
-        # The node's own text, so `1:30` (a YAML 1.1 integer) is quoted as written.
-        text = node.value if isinstance(node, ScalarNode) else str(value)
-        return self.check(node, path, lambda: parse_duration(str(text)))
-
-    def priority(self, node: Node, path: str) -> int:
-        value = self.integer(node, path)
-        if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-            raise self.fail(node, path, f"priority {value} is outside {MIN_PRIORITY}-{MAX_PRIORITY}")
-        return value
-
-    def zone(self, node: Node, path: str) -> str:
-        name = self.string(node, path)
-        self.check(node, path, lambda: load_zone(name))
-        return name
-
-    def label_value(self, node: Node, path: str) -> str:
-        text = self.string(node, path)
-        if not _LABEL_VALUE.match(text):
-            raise self.fail(
-                node,
-                path,
-                f"invalid name {text!r}; use 1-63 letters, digits, '.', '_' or '-', "
-                "starting and ending with a letter or digit",
-            )
-        return text
 
 
 def _rule(source: ModelRef, signature: tuple[Mode, Trust] | None) -> SignatureRule | None:

@@ -36,7 +36,7 @@ _T = TypeVar("_T")
 
 
 class _Reader(Protocol):
-    """The schedule's reader (a `NodeReader` that knows the format), as variants use it."""
+    """The schedule's field reader (core/schedule_fields.py), as variants use it."""
 
     def fail(self, node: Node, path: str, message: str) -> ScheduleError: ...
 

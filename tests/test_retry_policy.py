@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from modelsync.core.retry import (
     PartRetries,
     RetryPolicy,
-    SendGate,
     Verdict,
     backoff_s,
     classify,
     presigned_expiry,
 )
+from modelsync.core.send_gate import SendGate
 
 POLICY = RetryPolicy()
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from modelsync.core.retry import SendGate
+from modelsync.core.send_gate import SendGate
 
 
 class StoreGate:

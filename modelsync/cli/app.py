@@ -28,7 +28,7 @@ from typer._click.exceptions import UsageError as ParseError
 from typer.core import TyperCommand
 
 from modelsync import interrupt
-from modelsync.cli import cache, node, pull, verify
+from modelsync.cli import cache, node, prefetch, pull, verify
 from modelsync.cli.options import user_errors
 from modelsync.errors import ExitCode
 
@@ -114,6 +114,6 @@ for _name, _command in (
     ("gc", cache.gc),
     ("plan", node.plan),
     ("daemon", node.daemon),
-    ("prefetch", node.prefetch),
+    ("prefetch", prefetch.prefetch),
 ):
     app.command(_name, cls=_Command)(user_errors(_command))

@@ -26,7 +26,7 @@ from modelsync.config import (
 )
 from modelsync.config_values import MAX_PART_BYTES, MIN_PART_BYTES
 from modelsync.core.units import format_bytes
-from modelsync.errors import ModelsyncError, NotFoundError
+from modelsync.errors import ModelsyncError, NotFoundError, UsageError
 from modelsync.foreground_pull import usable_cache
 
 P = ParamSpec("P")
@@ -216,3 +216,11 @@ def existing_cache(settings: Settings) -> Cache:
     return cache
 
 
+def node_pool(settings: Settings) -> str:
+    """This node's pool (--pool, MODELSYNC_POOL), which `plan`, `daemon` and a name's variant need."""
+    pool = settings.pool
+    if not pool:
+        raise UsageError(
+            "no pool given; pass --pool or set MODELSYNC_POOL to the node's accelerator.pool label"
+        )
+    return pool

@@ -5,10 +5,11 @@ file (TOML, `--config` / `MODELSYNC_CONFIG`) > default. Credentials are not
 settings: they come from the standard AWS chain (environment, shared files,
 web-identity token files) and are never printed.
 
-Memory bound of a pull: about `concurrency × read_chunk_bytes` of body buffers
-plus a fixed overhead; it does not grow with the model's size. The page cache it
-holds on disk is bounded too: at most `2 × concurrency × part_size_bytes` fetched
-and not yet hashed (engine/backlog.py), the rest written behind and dropped.
+Memory bound of a pull: about `concurrency × read_chunk_bytes` of body buffers,
+1 MiB per thread that hashes (adapters/digest.py) and a fixed overhead; it does not
+grow with the model's size. The page cache it holds on disk is bounded too: at most
+`2 × concurrency × part_size_bytes` fetched and not yet hashed (engine/backlog.py),
+the rest written behind and dropped.
 """
 
 from __future__ import annotations

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from modelsync.adapters.digest import SLICE_BYTES, WINDOW_BYTES, PrefixHasher, hash_fd
+from modelsync.adapters.digest import READ_BYTES, WINDOW_BYTES, PrefixHasher, hash_fd
 
 MiB = 1024 * 1024
 
-#: sizes around the slice and window edges, and a file of several windows
+#: sizes around the read and window edges, and a file of several windows
 SIZES = [
     0,
     1,
-    SLICE_BYTES - 1,
-    SLICE_BYTES + 1,
+    READ_BYTES - 1,
+    READ_BYTES + 1,
     WINDOW_BYTES,
-    WINDOW_BYTES + 3 * SLICE_BYTES + 7,
+    WINDOW_BYTES + 3 * READ_BYTES + 7,
     2 * WINDOW_BYTES + 5,
 ]
 
@@ -44,7 +44,7 @@ def test_prefix_hasher_fed_in_uneven_prefixes_gives_the_whole_file_digests(
     tmp_path: Path, size_bytes: int
 ) -> None:
     fd, data = _file(tmp_path, size_bytes)
-    md5_part_bytes = 5 * MiB + 3  # straddles slices and windows
+    md5_part_bytes = 5 * MiB + 3  # straddles reads and windows
     try:
         hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256=True)
         for end in (size_bytes // 7, size_bytes // 3 + 1, size_bytes // 3 + 1, size_bytes - 1, size_bytes):

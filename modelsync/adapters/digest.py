@@ -6,42 +6,55 @@ each newly completed stretch straight from the page cache, so when the last part
 lands almost nothing is left to hash: the verification pass overlaps with the
 download instead of following it.
 
-It reads through read-only mmap windows rather than pread into a buffer: the
-hash then reads the page cache in place, without a copy (measured in
-docs/perf-lab.md: about a quarter of the CPU of a pread pass). A short stretch
-(a small file) is read instead: there the syscalls of a mapping cost more than
-the copy. xxhash and hashlib
-release the GIL on large buffers, so hashing runs beside the transfer threads.
-Memory: one window mapping (or one read of at most READ_MAX_BYTES) at a time per hasher.
+It reads the page cache with `preadv` into one 1 MiB buffer per thread, which the digests
+then take from the CPU cache. Both the read and the hashing release the interpreter lock
+(xxhash above 64 KiB, hashlib above 2 KiB), so hashing runs beside the transfer threads and
+holds the lock only between calls: about 1,000 times a GiB. Read-only mmap windows, used
+before, cost a little less CPU but held the lock through `mmap` and `munmap`, which wait for
+the address-space lock that every other thread's page faults take: with two hashers that was
+270 ms of lock per GiB, a third of the pull's serial time (BENCHMARKS.md, "The serial
+ceiling"). Memory: one buffer per thread that hashes, whatever the file's size.
 
-SHA-256 (what an OpenSSF model signature lists) is computed in the same pass,
-from the same window, only when the caller asks: unsigned pulls pay nothing.
-When more than one digest is computed, each takes the window a slice at a time,
-so the second reads the slice from the CPU cache the first just filled it into:
-reading the page cache from memory costs as much CPU as xxh3 itself, and more
-under load (measured in BENCHMARKS.md, "The cost of verifying a signature").
+SHA-256 (what an OpenSSF model signature lists) is computed in the same pass, from the same
+buffer, only when the caller asks: unsigned pulls pay nothing. The digests take the buffer
+one after the other while it is still in the CPU cache, each in one call: a digest fed a
+slice at a time (as from a mapping, whose reads of the page cache cost as much CPU as xxh3
+itself) took the interpreter lock again for every slice.
 """
 
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
+import threading
 from dataclasses import dataclass
 
 import xxhash
 
 from modelsync.adapters import page_cache
 
-#: bytes mapped at a time
+#: bytes read and hashed per call: the CPU cache still holds them when the digests read them,
+#: and the interpreter lock is taken once per MiB
+READ_BYTES = 1024 * 1024
+#: a whole-file read manages the page cache a window at a time (adapters/page_cache.py)
 WINDOW_BYTES = 8 * 1024 * 1024
-#: a stretch up to this size is read (one pread, a copy) rather than mapped: mapping costs five
-#: syscalls (fstat, dup, mmap, munmap, close), which for a 64 KiB file is three times the CPU of
-#: the copy (15 us against 5); the copy costs more from about 256 KiB on
-READ_MAX_BYTES = 256 * 1024
-#: bytes each digest takes in turn when several are computed: well inside a core's L2 cache,
-#: and far above the 2 KiB (hashlib) and 64 KiB (xxhash) from which they release the GIL
-SLICE_BYTES = 256 * 1024
+#: a file up to this size is read without asking which of its pages were cached: for a 64 KiB
+#: file, the mapping `mincore` needs costs three times the CPU of the read
+SMALL_FILE_BYTES = 256 * 1024
+
+
+class _ReadBuffer(threading.local):
+    buf: bytearray | None = None
+
+
+_read_buffer = _ReadBuffer()
+
+
+def _buffer() -> memoryview:
+    """This thread's read buffer, made on its first hash: threads that never hash take none."""
+    if _read_buffer.buf is None:
+        _read_buffer.buf = bytearray(READ_BYTES)
+    return memoryview(_read_buffer.buf)
 
 
 def sha256_slots() -> int:
@@ -81,36 +94,20 @@ class PrefixHasher:
     def feed(self, fd: int, end: int) -> None:
         """Hash `[position, end)` of `fd`; blocking, so callers run it in a worker thread."""
         end = min(end, self.size_bytes)
-        if 0 < end - self.position <= READ_MAX_BYTES:
-            data = os.pread(fd, end - self.position, self.position)
-            if len(data) != end - self.position:
-                raise ValueError(f"file ends at {self.position + len(data)}, before {end}")
-            self._update(memoryview(data))
-            self.position = end
-            return
+        buf = _buffer()
         while self.position < end:
-            aligned = self.position - self.position % mmap.ALLOCATIONGRANULARITY
-            length = min(WINDOW_BYTES, end - aligned)
-            window = mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=aligned)
-            with memoryview(window)[self.position - aligned :] as view:
-                self._update(view)
-            # Closed only after a whole update. An exception (Ctrl-C, SIGTERM) raised inside
-            # one keeps its frames, and the slices they hold, alive in its traceback: closing
-            # the map then would raise BufferError over it. The map goes with its last slice.
-            window.close()
-            self.position = aligned + length
+            view = buf[: min(READ_BYTES, end - self.position)]
+            n = os.preadv(fd, [view], self.position)
+            if n == 0:
+                raise ValueError(f"file ends at {self.position}, before {end}")
+            self._update(view if n == len(view) else view[:n])
+            self.position += n
 
     def _update(self, data: memoryview) -> None:
-        if self._sha256 is None and self._md5 is None:
-            self._xxh.update(data)
-            return
-        for start in range(0, len(data), SLICE_BYTES):
-            piece = data[start : start + SLICE_BYTES]
-            self._xxh.update(piece)
-            if self._sha256 is not None:
-                self._sha256.update(piece)
-            self._update_md5(piece)
-            piece.release()
+        self._xxh.update(data)
+        if self._sha256 is not None:
+            self._sha256.update(data)
+        self._update_md5(data)
 
     def _update_md5(self, data: memoryview) -> None:
         """MD5 of each `md5_part_bytes` slice of the file, as S3 computes an ETag."""
@@ -145,23 +142,33 @@ def hash_fd(fd: int, size_bytes: int, md5_part_bytes: int | None = None, sha256:
     the whole model, and must not take memory the size of it from the GPU that shares it.
     """
     hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256)
-    if size_bytes <= READ_MAX_BYTES:
+    if size_bytes <= SMALL_FILE_BYTES:
         hasher.feed(fd, size_bytes)
         return hasher.digest()
-    # Which pages were cached is asked a window ahead (the kernel's readahead of one window
-    # brings in the start of the next), and pages are dropped a window behind (a mapping's
-    # read-around reaches back into the window before).
-    before = {0: page_cache.resident_pages(fd, 0, min(WINDOW_BYTES, size_bytes))}
-    for start in range(0, size_bytes, WINDOW_BYTES):
-        end = min(size_bytes, start + WINDOW_BYTES)
-        if end < size_bytes:
-            before[end] = page_cache.resident_pages(fd, end, min(WINDOW_BYTES, size_bytes - end))
-        hasher.feed(fd, end)
-        if start >= WINDOW_BYTES:
-            page_cache.drop_new_pages(fd, start - WINDOW_BYTES, before.pop(start - WINDOW_BYTES))
-    last = max(before)
-    page_cache.drop_new_pages(fd, last, before[last])
+    # The read-ahead is this loop's own, one window ahead, after asking which pages of that
+    # window were cached: the kernel's would reach past it (up to the device's read_ahead_kb,
+    # 8 MiB here) into pages not yet asked about, which would then count as cached and stay.
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    try:
+        ahead = _ask_and_read_ahead(fd, 0, size_bytes)
+        for start in range(0, size_bytes, WINDOW_BYTES):
+            end = min(size_bytes, start + WINDOW_BYTES)
+            before, ahead = ahead, _ask_and_read_ahead(fd, end, size_bytes)
+            hasher.feed(fd, end)
+            page_cache.drop_new_pages(fd, start, before)
+    finally:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
     return hasher.digest()
+
+
+def _ask_and_read_ahead(fd: int, start: int, size_bytes: int) -> bytes | None:
+    """Which pages of the window at `start` are cached; then have the kernel read it in."""
+    if start >= size_bytes:
+        return None
+    length = min(WINDOW_BYTES, size_bytes - start)
+    resident = page_cache.resident_pages(fd, start, length)
+    os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
+    return resident
 
 
 def xxh3_of(data: bytes) -> str:

@@ -106,11 +106,12 @@ def read_raw(path: Path) -> tuple[int, Counter[str]]:
     return total, frames
 
 
-def measure(argv: list[str], env: dict[str, str], work: Path, timeout_s: float, dest: Path,
-            want_bytes: int) -> tuple[float, float, Counter[str], str | None]:
+def measure(argv: list[str], env: dict[str, str], work: Path, timeout_s: float,
+            dest: Path) -> tuple[float, float, Counter[str], str | None]:
     """One pull under `py-spy record --gil`: (lock-held s, wall s, frames, error).
 
-    py-spy exits 0 whatever the pull did, so a pull counts only if its bytes are in `dest`.
+    py-spy exits 0 whatever the pull did, so a pull counts only if it printed its ready model's
+    path (`--quiet` prints nothing else) and that is a directory in `dest`.
     """
     raw = work / "spy.txt"
     raw.unlink(missing_ok=True)
@@ -125,9 +126,10 @@ def measure(argv: list[str], env: dict[str, str], work: Path, timeout_s: float, 
     wall_s = time.monotonic() - start
     if done.returncode != 0 or not raw.exists():
         return 0.0, wall_s, Counter(), f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
-    landed = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
-    if landed < want_bytes:
-        return 0.0, wall_s, Counter(), f"{landed} of {want_bytes} bytes landed: {done.stderr.strip()[-300:]}"
+    printed = done.stdout.strip().splitlines()
+    ready = Path(printed[-1]) if printed else None
+    if ready is None or not ready.is_dir() or dest not in ready.parents:
+        return 0.0, wall_s, Counter(), f"no ready model: {done.stderr.strip()[-300:]}"
     samples, frames = read_raw(raw)
     return samples / RATE_HZ, wall_s, frames, None
 
@@ -138,10 +140,13 @@ def pairs(root: Path) -> dict[str, Pair]:
     big = data.prepare(sets["model-set-6g"], root).dataset
     shards = [p for p, _ in big.files if p.endswith(".safetensors") and "-of-" in p]
     side = [p for p, _ in big.files if p not in shards]
-    small = data.link_subset(big, "ceiling-2g", shards[:4] + side, root)
+    # without the shard index, which names all twelve shards: a pull refuses a model whose
+    # index maps tensors to shards it lacks (after downloading everything)
+    side_small = [p for p in side if not p.endswith(".index.json")]
+    small = data.link_subset(big, "ceiling-2g-4shards", shards[:4] + side_small, root)
     data.prepare(small, root)
     big_signed, big_key = data.signed_copy(big, "ceiling-6g-signed", root)
-    small_signed, small_key = data.signed_copy(small, "ceiling-2g-signed", root)
+    small_signed, small_key = data.signed_copy(small, "ceiling-2g-4shards-signed", root)
     # with their manifests, as `modelsync publish --sign-key` leaves a model: without one, the
     # 2 GiB subset is refused (its shard index names all twelve shards)
     data.prepare(big_signed, root)
@@ -187,7 +192,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                             "--endpoint-url", endpoint.url, "--quiet"]
                     load = os.getloadavg()[0]
                     lock_s, wall_s, frames, error = measure(argv, env, work, run_timeout(ds.total_bytes) * 3,
-                                                              dest, ds.total_bytes)
+                                                              dest)
                     samples.append(Sample(name, shape, size, rnd, lock_s, wall_s, load, dict(frames), error))
                     print(f"  {name:8s} {shape:15s} {size:5s} round {rnd}  lock {lock_s:6.2f} s  wall "
                           f"{wall_s:6.2f} s  load {load:4.1f}  {error or ''}", flush=True)

@@ -89,6 +89,15 @@ def open_dir_beneath(root_fd: int, relative: PurePosixPath, create: bool) -> int
         raise
 
 
+def open_dir_below(root: Path, relative: PurePosixPath, create: bool = False) -> int:
+    """`open_dir_beneath` from a root given as a path (itself no symlink), for a caller with no fd."""
+    root_fd = open_dir(root)
+    try:
+        return open_dir_beneath(root_fd, relative, create)
+    finally:
+        os.close(root_fd)
+
+
 def open_file_beneath(root_fd: int, relative: PurePosixPath, flags: int, mode: int = FILE_MODE) -> int:
     """Open a file below `root_fd`, creating parent directories, never following a symlink."""
     if not relative.parent.parts:  # directly below: no parent to open (two syscalls a file)

@@ -99,11 +99,7 @@ class QuarantinedModels(ReadyModels):
                 os.close(parent)
             for inner in inside:
                 relative = PurePosixPath(*inner.cache_path.parts[len(ref.cache_path.parts) :])
-                moved = fs.open_dir(target)
-                try:
-                    source = fs.open_dir_beneath(moved, relative.parent, create=False)
-                finally:
-                    os.close(moved)
+                source = fs.open_dir_below(target, relative.parent)
                 try:
                     back = self._open_parent(inner, create=True)
                     try:

@@ -132,11 +132,7 @@ class ReadyModels(RecordFiles):
 
     def _open_parent(self, ref: ModelRef, create: bool) -> int:
         """The ready path's parent directory, reached without following any symlink."""
-        root = fs.open_dir(self.root)
-        try:
-            return fs.open_dir_beneath(root, PurePosixPath(*ref.cache_path.parts[:-1]), create=create)
-        finally:
-            os.close(root)
+        return fs.open_dir_below(self.root, PurePosixPath(*ref.cache_path.parts[:-1]), create)
 
     def _move_aside(self, parent_fd: int, name: str, slug: str, delete: bool = True) -> Path | None:
         """Whatever is at the ready path goes to trash (named for the model) in one rename, then is deleted.

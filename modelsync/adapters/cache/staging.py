@@ -87,20 +87,12 @@ class Staging:
         file; the caller then downloads instead. Never follows a symlink.
         """
         try:
-            root_fd = fs.open_dir(root)
-            try:
-                src_dir = fs.open_dir_beneath(root_fd, source.parent, create=False)
-            finally:
-                os.close(root_fd)
+            src_dir = fs.open_dir_below(root, source.parent)
             try:
                 st = os.stat(source.name, dir_fd=src_dir, follow_symlinks=False)
                 if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != inode:
                     return False
-                staging_fd = fs.open_dir(self.dir)
-                try:
-                    dst_dir = fs.open_dir_beneath(staging_fd, PurePosixPath(relative).parent, create=True)
-                finally:
-                    os.close(staging_fd)
+                dst_dir = fs.open_dir_below(self.dir, PurePosixPath(relative).parent, create=True)
                 try:
                     name = PurePosixPath(relative).name
                     with contextlib.suppress(FileNotFoundError):

@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsync.core.file_kind import file_kind
-from modelsync.errors import ConfigError
+from modelsync.errors import ConfigError, FileTooLargeError, NotARegularFileError
 
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_NESTING",
-    "FileTooLarge",
-    "NotARegularFile",
     "Unusable",
     "check_text",
     "file_text",
@@ -121,49 +119,33 @@ def _toml_type(value: object) -> str:
     return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "date or time")
 
 
-class NotARegularFile(ValueError):
-    """The path holds another kind of file: reading it could block (a named pipe) or never end."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"is {kind}, not a regular file")
-        self.kind = kind
-
-
-class FileTooLarge(ValueError):
-    """The file is longer than its reader's limit; `size` is at least `limit + 1`."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"is larger than {limit // 1024} KiB; is it the right file?")
-        self.size = size
-
-
 def read_regular_file(path: str | Path, limit: int) -> bytes:
     """At most `limit` bytes of a regular file (or a link to one, as a mounted ConfigMap's is).
 
     Every file a command reads as input (settings, CA bundle, schedule) comes through
     here: opened without blocking, so a named pipe no one writes to cannot hang the
     command (or the daemon's loop), and checked before any read, so a device or a huge
-    file is refused without being read whole. Another kind is a `NotARegularFile`, a
-    longer file a `FileTooLarge`; a path that cannot be opened is an OSError.
+    file is refused without being read whole. Another kind is a `NotARegularFileError`, a
+    longer file a `FileTooLargeError`; a path that cannot be opened is an OSError.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a socket cannot be opened at all
-            raise NotARegularFile("a socket") from None
+            raise NotARegularFileError("a socket") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotARegularFile(file_kind(st.st_mode))
+            raise NotARegularFileError(file_kind(st.st_mode))
         if st.st_size > limit:
-            raise FileTooLarge(st.st_size, limit)
+            raise FileTooLargeError(st.st_size, limit)
         with os.fdopen(os.dup(fd), "rb") as fh:
             data = fh.read(limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:  # it grew while it was read
-        raise FileTooLarge(len(data), limit)
+        raise FileTooLargeError(len(data), limit)
     return data
 
 

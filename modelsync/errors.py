@@ -39,6 +39,9 @@ escapes is a bug: the CLI lets it show its traceback and exits 1.
                                     far it got; the pull retries it and never lets it out
     UnreadableFileError             not a user error: what is at a model's path cannot be read
                                     as its file; the check that met it reports it as a problem
+    NotARegularFileError,           not user errors: an input file (settings, CA bundle, schedule)
+    FileTooLargeError               is not a regular file, or longer than its reader's limit;
+                                    each reader turns them into its own one-line error
 
 Only adapters translate foreign exceptions (botocore, aiohttp, OSError) into
 these; the core raises them directly.
@@ -287,6 +290,23 @@ class UnreadableFileError(Exception):
     Not a `ModelsyncError`: `verify --full` reports it beside bad bytes (the message is
     the reason) and quarantines the model; it never ends a command by itself.
     """
+
+
+class NotARegularFileError(ValueError):
+    """An input file (settings, CA bundle, schedule) is another kind of file: reading it could block
+    (a named pipe) or never end. Not a `ModelsyncError`: each reader words its own refusal."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"is {kind}, not a regular file")
+        self.kind = kind
+
+
+class FileTooLargeError(ValueError):
+    """The file is longer than its reader's limit; `size` is at least `limit + 1`."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"is larger than {limit // 1024} KiB; is it the right file?")
+        self.size = size
 
 
 class SourceNotAllowedError(ModelsyncError):

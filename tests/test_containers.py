@@ -189,14 +189,16 @@ def pod_url(podman: Podman, container: str) -> str:
 
 @pytest.fixture(scope="module")
 def daemon(podman: Podman, node: Node) -> DaemonRun:
-    """The DaemonSet's pod: stopped half-way through staging the schedule's model, started again, staged."""
+    """The DaemonSet's pod: stopped while staging the schedule's model, started again, staged."""
     daemonset = node.workload("DaemonSet", f"modelsync-daemon-{POOL}")
     template = daemonset["spec"]["template"]
     pod = node.play("modelsync-daemon", template)
     container = f"{pod}-daemon"
     url = pod_url(podman, container)
     total = sum(len(data) for data in FILES.values())
-    wait_until(lambda: fetched(url) >= total / 2, "half of the model", 90, podman, container)
+    # A quarter, not half: the stop must land before the pull's end, and under load `podman stop`
+    # took over 3 s to deliver SIGTERM, the time the second half takes at the site's 4 MiB/s.
+    wait_until(lambda: fetched(url) >= total / 4, "a quarter of the model", 90, podman, container)
     grace_s = float(template["spec"]["terminationGracePeriodSeconds"])
     fetched_before_stop = fetched(url)
     started = time.monotonic()

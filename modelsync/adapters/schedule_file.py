@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modelsync.config_file import FileTooLarge, NotARegularFile, read_regular_file
+from modelsync.config_file import read_regular_file
 from modelsync.core.schedule import MAX_SCHEDULE_BYTES, Schedule, load_schedule, schedule_too_large
-from modelsync.errors import ScheduleError
+from modelsync.errors import FileTooLargeError, NotARegularFileError, ScheduleError
 
 
 def read_schedule_bytes(path: Path) -> bytes:
     """The schedule file's bytes, through the one reader of input files (config_file.py)."""
     try:
         return read_regular_file(path, MAX_SCHEDULE_BYTES)
-    except NotARegularFile as exc:
+    except NotARegularFileError as exc:
         raise ScheduleError(
             f"{path}: the schedule is {exc.kind}, not a regular file; point --schedule at a YAML file "
             "or a ConfigMap key"
         ) from None
-    except FileTooLarge as exc:
+    except FileTooLargeError as exc:
         raise schedule_too_large(str(path), exc.size) from None
     except OSError as exc:
         raise ScheduleError(f"{path}: cannot read the schedule: {exc.strerror or exc}") from None

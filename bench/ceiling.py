@@ -126,7 +126,8 @@ def measure(argv: list[str], env: dict[str, str], work: Path, timeout_s: float,
     wall_s = time.monotonic() - start
     if done.returncode != 0 or not raw.exists():
         return 0.0, wall_s, Counter(), f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
-    printed = done.stdout.strip().splitlines()
+    # py-spy writes its own notes ("py-spy> ...") to the same stdout, after the pull's
+    printed = [line for line in done.stdout.splitlines() if line.strip() and not line.startswith("py-spy>")]
     ready = Path(printed[-1]) if printed else None
     if ready is None or not ready.is_dir() or dest not in ready.parents:
         return 0.0, wall_s, Counter(), f"no ready model: {done.stderr.strip()[-300:]}"

@@ -106,6 +106,13 @@ def read_raw(path: Path) -> tuple[int, Counter[str]]:
     return total, frames
 
 
+def printed_path(stdout: str) -> Path | None:
+    """The last line the pull printed: py-spy writes its own notes (`py-spy> ...`) to the same
+    stdout, before and after the pull's."""
+    printed = [line for line in stdout.splitlines() if line.strip() and not line.startswith("py-spy>")]
+    return Path(printed[-1]) if printed else None
+
+
 def measure(argv: list[str], env: dict[str, str], work: Path, timeout_s: float,
             dest: Path) -> tuple[float, float, Counter[str], str | None]:
     """One pull under `py-spy record --gil`: (lock-held s, wall s, frames, error).
@@ -126,9 +133,7 @@ def measure(argv: list[str], env: dict[str, str], work: Path, timeout_s: float,
     wall_s = time.monotonic() - start
     if done.returncode != 0 or not raw.exists():
         return 0.0, wall_s, Counter(), f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
-    # py-spy writes its own notes ("py-spy> ...") to the same stdout, after the pull's
-    printed = [line for line in done.stdout.splitlines() if line.strip() and not line.startswith("py-spy>")]
-    ready = Path(printed[-1]) if printed else None
+    ready = printed_path(done.stdout)
     if ready is None or not ready.is_dir() or dest not in ready.parents:
         return 0.0, wall_s, Counter(), f"no ready model: {done.stderr.strip()[-300:]}"
     samples, frames = read_raw(raw)

@@ -167,3 +167,17 @@ def test_the_ceiling_counts_lock_samples_by_the_deepest_modelsync_frame(tmp_path
     assert total == 12
     assert frames == {"engine.pull.run": 7, "adapters.digest.feed": 3,
                       "(outside modelsync: interpreter start-up, imports, libraries)": 2}
+
+
+def test_the_ceiling_reads_the_pulls_ready_path_past_py_spys_own_lines() -> None:
+    from bench.ceiling import printed_path
+
+    stdout = (
+        "py-spy> Sampling process 200 times a second. Press Control-C to exit.\n\n"
+        "/dest/cache/models/org/m/r1\n\n"
+        "py-spy> Stopped sampling because process exited\n"
+        "py-spy> Wrote raw flamegraph data to '/w/spy.txt'. Samples: 38 Errors: 5\n"
+    )
+    assert printed_path(stdout) == Path("/dest/cache/models/org/m/r1")
+    assert printed_path("py-spy> Stopped sampling because process exited\n") is None
+

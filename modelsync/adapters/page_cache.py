@@ -13,10 +13,11 @@ Without `mincore` (no libc found) nothing is dropped: the read is still correct,
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import mmap
 import os
+
+from modelsync.adapters.libc import load_libc
 
 _PROT_READ, _MAP_SHARED = 1, 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -26,10 +27,10 @@ _CACHED_BIT = bytes(i & 1 for i in range(256))
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+    """The process's one libc handle (adapters/libc.py), with the signatures of the calls used here."""
+    libc = load_libc()
+    if libc is None:
         return None
-    libc = ctypes.CDLL(name, use_errno=True)
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int64]
     libc.mmap.restype = ctypes.c_void_p

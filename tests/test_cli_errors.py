@@ -774,6 +774,13 @@ MISTAKES = [
         USAGE,
         ("--listen",),
     ),
+    Mistake(
+        "daemon-allowed-prefix-glob",
+        ("daemon", "--schedule", "{schedule}", "--pool", "p", "--cache-dir", "{cache}"),
+        USAGE,
+        ("allowed prefix 's3://models/org/*' is a glob", "write s3://models/org/"),
+        env={"MODELSYNC_ALLOWED_PREFIXES": "s3://models/org/*"},
+    ),
     # -- publish
     Mistake(
         "publish-a-file",

@@ -207,6 +207,7 @@ def daemon(podman: Podman, node: Node) -> DaemonRun:
     at_stop = podman.inspect(container)["State"]["ExitCode"]
     ref = scheduled()
     ready_after_stop = Cache(node.cache).ready_record(ref) is not None
+    podman.settle(pod)
     podman("start", container)
     url = pod_url(podman, container)  # a restarted container gets a new address from podman 4.3
 

@@ -89,6 +89,26 @@ class Podman:
         """Wait for `container` to exit and return its code."""
         return int(self("wait", container, timeout_s=timeout_s).stdout.strip().splitlines()[-1])
 
+    def settle(self, pod: str, timeout_s: float = 60) -> None:
+        """Wait until `pod` has stopped and podman's own clean-up after the stop has ended.
+
+        `kube play` gives a pod the exit policy `stop`: when its last container exits, podman
+        stops the infra container and releases the pod's address from clean-up processes that
+        run after `podman stop` has returned (three such processes in one trace). A container
+        started again before they end races them: under load one of them released the address
+        the restarted pod had just been given, the next pod got it too, and the daemon's
+        connections to the store timed out until that pod ended.
+        """
+        ids = [c["Id"] for c in json.loads(self("pod", "inspect", pod).stdout)["Containers"]]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = json.loads(self("pod", "inspect", pod).stdout)["State"]
+            busy = [args for args in _command_lines() if "cleanup" in args and any(i in args for i in ids)]
+            if state == "Exited" and not busy:
+                return
+            assert time.monotonic() < deadline, f"pod {pod} unsettled: {state}, {len(busy)} left"
+            time.sleep(0.1)
+
     def cleanup(self) -> list[str]:
         """Remove what was made, newest first, each by name; returns what could not be removed."""
         left = []
@@ -101,6 +121,18 @@ class Podman:
                 left.append(f"{kind} {name}: {done.stderr.strip()}")
         self._made.clear()
         return left
+
+
+def _command_lines() -> list[list[str]]:
+    """Every process's arguments (those that end while read are left out)."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines.append((entry / "cmdline").read_bytes().decode(errors="replace").split("\0"))
+            except OSError:
+                continue
+    return lines
 
 
 def base_recipe(arch: str) -> list[str]:

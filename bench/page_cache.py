@@ -7,7 +7,8 @@ command to its end; the figure is the peak growth over the value at the start. T
 the 6 GiB model set into a fresh loop-mounted file system; `verify --full` then reads it back.
 
 The bound to hold is the window (about 256 MiB, 512 MiB at most), whatever the model's size.
-`Cached` is machine-wide: other work on a shared machine adds to it, so take the medians.
+`Cached` is machine-wide: other work on a shared machine adds to it, so take the medians; the
+model's own pages left cached at the end (fincore) are the command's alone.
 
     scripts/bench page-cache [--dest ext4|xfs] [--rounds 3] [--variant main=/work/main ...]
 """
@@ -42,6 +43,7 @@ class Growth:
     cache_peak_mib: float
     wall_s: float
     load_1m: float
+    resident_mib: float
     error: str | None = None
 
 
@@ -51,6 +53,17 @@ def drop_clean_caches(dest: Path) -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as exc:
         raise BenchError(f"cannot drop the page cache ({exc}): run as root") from exc
+
+
+def resident_mib(dest: Path) -> float:
+    """MiB of the cache's files in the page cache (util-linux fincore): this command's own share of
+    `Cached`, which other work on a shared machine does not add to."""
+    files = [str(p) for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
+    if not files:
+        return 0.0
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(line) for line in out.split()) / 2**20
 
 
 def measure(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[float, float, str | None]:
@@ -94,9 +107,11 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                 data.warm_page_cache(ds, root)
                 load = os.getloadavg()[0]
                 peak, wall_s, error = measure(argvs[command], env, timeout_s)
-                results.append(Growth(name, command, rnd, peak, wall_s, load, error))
-                print(f"  {name:8s} {command:6s} round {rnd}  page cache +{peak:7.0f} MiB  wall "
-                      f"{wall_s:6.2f} s  load {load:4.1f}  {error or ''}", flush=True)
+                left = resident_mib(dest)
+                results.append(Growth(name, command, rnd, peak, wall_s, load, left, error))
+                print(f"  {name:8s} {command:6s} round {rnd}  page cache +{peak:7.0f} MiB  model's pages "
+                      f"left {left:6.0f} MiB  wall {wall_s:6.2f} s  load {load:4.1f}  {error or ''}",
+                      flush=True)
             clear(dest)
     tables = report(results, ds, args, md=False)
     print("\n" + "\n".join(tables))
@@ -108,7 +123,8 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
 
 def report(results: list[Growth], ds: DataSet, args: argparse.Namespace, md: bool) -> list[str]:
-    head = ["variant", "command", "page cache growth (median)", "per round MiB", "wall s", "load"]
+    head = ["variant", "command", "page cache growth (median)", "per round MiB", "model's pages left MiB",
+            "wall s", "load"]
     body = []
     for name, _tree in args.variant:
         for command in COMMANDS:
@@ -117,6 +133,7 @@ def report(results: list[Growth], ds: DataSet, args: argparse.Namespace, md: boo
                 body.append([
                     name, command, f"+{statistics.median(r.cache_peak_mib for r in ok):.0f} MiB",
                     " / ".join(f"{r.cache_peak_mib:.0f}" for r in ok),
+                    f"{statistics.median(r.resident_mib for r in ok):.0f}",
                     f"{statistics.median(r.wall_s for r in ok):.2f}",
                     f"{min(r.load_1m for r in ok):.1f}-{max(r.load_1m for r in ok):.1f}",
                 ])

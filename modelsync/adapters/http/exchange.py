@@ -75,10 +75,11 @@ class Exchanges:
                 extra["Proxy-Authorization"] = proxy.authorization
         request = render_request(endpoint.netloc, target, byte_range, etag, {**headers, **extra})
         room = MAX_HEAD_BYTES
-        if byte_range is not None and byte_range[1] - byte_range[0] < self._buffer_bytes - MAX_HEAD_BYTES:
+        if byte_range is not None and byte_range[1] - byte_range[0] < MAX_HEAD_BYTES:
             # a small range comes in the same receive as its head: one syscall (and one hand-off of
-            # the interpreter lock) less a file, for a model of many small files
-            room += byte_range[1] - byte_range[0] + 1
+            # the interpreter lock) less a file for a model of many small files; bounded, as the
+            # body bytes that come with the head are then moved to the front of the buffer
+            room = min(self._buffer_bytes, room + byte_range[1] - byte_range[0] + 1)
         for attempt in (1, 2):
             conn = self._conns.get(endpoint)
             try:

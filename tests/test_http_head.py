@@ -175,6 +175,17 @@ def test_a_head_that_never_ends_is_refused_at_the_limit() -> None:
         parse_response(data, MAX_HEAD_BYTES)
 
 
+def test_a_head_that_ends_past_the_limit_is_refused_though_its_end_arrived() -> None:
+    """A small range is received with its head in one call, so the buffer may hold more than
+    MAX_HEAD_BYTES: the limit is still where the head must end."""
+    data = b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\nbody"
+    with pytest.raises(UnexpectedResponseError, match="longer than"):
+        parse_response(data, len(data))
+    small = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 4\r\n\r\n" + b"\r\n\r\n" * MAX_HEAD_BYTES
+    head = parse_response(small, len(small))
+    assert head is not None and head.status == 206 and head.body_start == small.index(b"\r\n\r\n") + 4
+
+
 def test_endless_interim_answers_are_refused_at_the_limit() -> None:
     data = b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_HEAD_BYTES // 25 + 1)
     with pytest.raises(UnexpectedResponseError, match="longer than"):

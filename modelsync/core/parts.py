@@ -68,6 +68,12 @@ class FileWork:
 class PullPlan:
     files: tuple[FileWork, ...]
 
+    def __repr__(self) -> str:
+        # Short: Python 3.11's asyncio.run formats its main task, result included, as it ends
+        # (signal.getsignal of its SIGINT handler), and a pull's result holds its plan; the
+        # whole repr of 2,000 files cost 30-50 ms of interpreter lock at the end of every pull.
+        return f"PullPlan(<{len(self.files)} files>)"
+
     @property
     def total_bytes(self) -> int:
         return sum(w.file.size_bytes for w in self.files)

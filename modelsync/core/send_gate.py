@@ -62,6 +62,13 @@ class SendGate:
         self._starts.append(start)
         return start - now
 
+    def try_reserve(self, now: float) -> bool:
+        """Take a start slot only if it is free at `now` (`reserve` would return 0); else take none."""
+        if self._hold_until > now or (self.rate_per_s is not None and self._next_start > now):
+            return False
+        self.reserve(now)
+        return True
+
     def throttled(self, now: float, retry_after_s: float | None = None) -> None:
         """The store answered "slow down" at `now`."""
         if retry_after_s is not None and retry_after_s > 0:

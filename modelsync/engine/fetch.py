@@ -7,9 +7,11 @@ A hasher follows each file's contiguous prefix of landed parts
 ahead of the hashers stay within the backlog's budget (engine/backlog.py), so
 slow hashing paces the transfers instead of filling the page cache. A small
 file of one part is made in one trip to a transfer thread instead: created,
-fetched, hashed and closed there. Each part lands through `PartTransfer`
-(engine/part_transfer.py): retried from the last byte written, with URLs that
-are signed again before they get old (engine/presigned.py).
+fetched, hashed and closed there; a model's many small files are first tried a
+batch a trip (`fetch_once_each`), one hand-off each way for the batch. Each part
+lands through `PartTransfer` (engine/part_transfer.py): retried from the last
+byte written, with URLs that are signed again before they get old
+(engine/presigned.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+from collections.abc import Sequence
 
 from modelsync.adapters import fs, writeback
 from modelsync.adapters.cache import Staging
@@ -26,7 +29,7 @@ from modelsync.core.verify import empty_but_etag_says_not, misstated_size
 from modelsync.engine.backlog import BACKLOG_WINDOWS, Backlog, FileBacklog
 from modelsync.engine.events import PullEvents
 from modelsync.engine.hashing import Hashers, LandedPrefix
-from modelsync.engine.part_transfer import PartTransfer
+from modelsync.engine.part_transfer import FailedTry, OneTry, PartTransfer, Tried
 from modelsync.engine.ports import Backends, RangeRequest
 from modelsync.engine.pull_job import PullJob
 from modelsync.engine.tasks import first_error
@@ -38,6 +41,11 @@ from modelsync.errors import DiskFullError
 #: general path cost more CPU than the bytes. It hashes outside the hash slots, so with this
 #: bound a transfer thread hashes one read of its 1 MiB buffer at most; larger files gain nothing.
 WHOLE_FILE_MAX_BYTES = 1024 * 1024
+
+
+def whole_file(work: FileWork) -> bool:
+    """Whether `work` is a file of one part, none of it written, small enough to be made in one trip."""
+    return not work.done and len(work.parts) == 1 and work.file.size_bytes <= WHOLE_FILE_MAX_BYTES
 
 
 class FetchWindow:
@@ -79,24 +87,47 @@ class FetchWindow:
         """A signed pull also computes SHA-256: more files are hashed at once (engine/hashing.py)."""
         self._hashers.hash_sha256()
 
-    async def fetch_file(self, work: FileWork, hasher: PrefixHasher) -> FileDigest:
-        """Fetch the missing parts while hashing the landed prefix; the digest once all are in."""
-        if self._staging_fd is None:
-            with fs.storage_errors(self._staging.dir):
-                self._staging_fd = fs.open_dir(self._staging.dir)
+    async def fetch_file(
+        self, work: FileWork, hasher: PrefixHasher, failed: FailedTry | None = None
+    ) -> FileDigest:
+        """Fetch the missing parts while hashing the landed prefix; the digest once all are in.
+
+        `failed`: how `fetch_once_each`'s try at this file (a `whole_file`) failed; it counts as
+        the first attempt, and the next one resumes from its last byte.
+        """
+        self._open_staging()
         if empty_but_etag_says_not(work.file):
             raise misstated_size(f"s3://{self._bucket}/{work.file.key}", work.file, None)
         try:
-            if not work.done and len(work.parts) == 1 and work.file.size_bytes <= WHOLE_FILE_MAX_BYTES:
+            if whole_file(work):
                 async with self._window:
                     whole = functools.partial(self._transfer_whole, work.file, hasher)
-                    await self._parts.land(work.file, work.parts[0], whole)
+                    await self._parts.land(work.file, work.parts[0], whole, failed)
             else:
+                assert failed is None, "only a whole file is tried in a batch"
                 await self._fetch_parts(work, hasher)
             return hasher.digest()
         except DiskFullError:
             # the write that failed knows its path and the free space, not what this file needs
             raise fs.disk_full(self._staging.dir / work.file.path, work.missing_bytes) from None
+
+    async def fetch_once_each(self, files: Sequence[tuple[FileWork, PrefixHasher]]) -> Tried:
+        """A first try at each of `files` (each a `whole_file`) in one trip to a transfer thread, in
+        one slot of the window; how many, from the front, landed and were hashed, and how the next
+        one failed. The caller fetches the others with `fetch_file`, which retries."""
+        self._open_staging()
+        tries = [
+            OneTry(w.file, w.parts[0], functools.partial(self._transfer_whole, w.file, hasher))
+            for w, hasher in files
+        ]
+        async with self._window:
+            return await self._parts.land_once_each(tries)
+
+    def _open_staging(self) -> None:
+        """Open the staging directory for the first file (after the pull prepared it), and keep it."""
+        if self._staging_fd is None:
+            with fs.storage_errors(self._staging.dir):
+                self._staging_fd = fs.open_dir(self._staging.dir)
 
     async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> None:
         """The general path: the file open while its parts land in any order and a hasher follows."""

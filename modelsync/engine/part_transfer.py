@@ -9,9 +9,12 @@ decides which parts run and when; this module only makes one of them land.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from modelsync.adapters import writeback
 from modelsync.adapters.cache import Staging
@@ -36,6 +39,30 @@ from modelsync.errors import (
 MAX_EXPIRED_IN_A_ROW = 3
 
 
+class OneTry(NamedTuple):
+    """A part for `PartTransfer.land_once_each`, with the call that makes one attempt at it."""
+
+    file: RemoteFile
+    part: Part
+    #: `transfer(request, start)`, run in the transfer thread
+    transfer: Callable[[RangeRequest, int], int]
+
+
+class FailedTry(NamedTuple):
+    """How an attempt failed, and the URL it was sent with, signed at credentials `generation`."""
+
+    error: Exception
+    url: str
+    generation: int
+
+
+class Tried(NamedTuple):
+    """What `land_once_each` did: how many parts, from the front, landed; how the next one failed."""
+
+    landed: int
+    failed: FailedTry | None = None
+
+
 class PartTransfer:
     """Lands the parts of one pull: its URLs, its retry policy, the store's gate and the throttle note."""
 
@@ -54,10 +81,17 @@ class PartTransfer:
         #: whether the user was told that the store throttles (once per pull)
         self._throttle_noted = False
 
-    async def land(self, f: RemoteFile, part: Part, transfer: Callable[[RangeRequest, int], int]) -> None:
+    async def land(
+        self,
+        f: RemoteFile,
+        part: Part,
+        transfer: Callable[[RangeRequest, int], int],
+        failed: FailedTry | None = None,
+    ) -> None:
         """One ranged GET, retried from the last byte written until it lands or the policy gives up.
 
         `transfer(request, start)` runs each attempt in a transfer thread.
+        `failed`: the first attempt was made already (`land_once_each`), and failed so.
 
         A throttled answer slows the gate for every transfer and waits whole
         seconds (or the store's Retry-After); other transient failures wait
@@ -69,33 +103,79 @@ class PartTransfer:
         """
         start = part.start
         retries = PartRetries(self._policy)
-        urls = self._urls
         expired = 0
         while True:
-            await self._gate.admit()  # first: a long wait here must not age the URL
-            url = await urls.get(f)
-            generation = urls.generation
-            req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag, size_bytes=f.size_bytes)
-            try:
-                await in_thread(self._threads.submit(transfer, req, start))
-            except SizeMismatchError as exc:
+            if failed is None:
+                failed = await self._try(f, part, start, transfer)
+                if failed is None:
+                    break
+            exc, url, generation = failed
+            failed = None
+            if isinstance(exc, SizeMismatchError):
                 raise misstated_size(f"s3://{self._bucket}/{f.key}", f, exc.store_bytes) from None
-            except PresignedUrlExpiredError as exc:
+            if isinstance(exc, PresignedUrlExpiredError):
                 expired += 1
                 if expired >= MAX_EXPIRED_IN_A_ROW:
                     raise AccessDeniedError(
                         f"{exc}; {expired} fresh signatures in a row were refused as expired: the "
                         "credential chain hands out expired credentials, or this clock is far off"
                     ) from None
-                await urls.renew(f, url, generation, token_expired=exc.token_expired)
-                continue
-            except TransientFetchError as exc:
+                await self._urls.renew(f, url, generation, token_expired=exc.token_expired)
+            elif isinstance(exc, TransientFetchError):
                 start += exc.bytes_written
                 await self._wait_to_retry(f, start, part, retries, exc)
-                continue
-            break
+            else:
+                raise exc
         self._gate.succeeded()
         self._staging.journal.part_written(f.path, part.index, part.size_bytes)
+
+    async def _try(
+        self, f: RemoteFile, part: Part, start: int, transfer: Callable[[RangeRequest, int], int]
+    ) -> FailedTry | None:
+        """One attempt from `start`, through the gate: None when it landed, else how it failed."""
+        await self._gate.admit()  # first: a long wait here must not age the URL
+        url = await self._urls.get(f)
+        generation = self._urls.generation
+        req = RangeRequest(url=url, start=start, end=part.end, etag=f.etag, size_bytes=f.size_bytes)
+        try:
+            await in_thread(self._threads.submit(transfer, req, start))
+        except (SizeMismatchError, PresignedUrlExpiredError, TransientFetchError) as exc:
+            return FailedTry(exc, url, generation)
+        return None
+
+    async def land_once_each(self, parts: Sequence[OneTry]) -> Tried:
+        """A first attempt at each part, in order, all in one trip to a transfer thread.
+
+        For a model of many small files: one hand-off each way for a batch instead of one
+        per file. It stops before a part the gate would make wait, at the first failure,
+        and at cancellation; the caller lands the others with `land`, the failed one
+        with its `FailedTry`, so that it counts as the first of `land`'s attempts and
+        the next one resumes from its last byte. The parts that landed are journaled.
+        """
+        urls = [await self._urls.get(p.file) for p in parts]
+        generation = self._urls.generation
+        stop = threading.Event()
+        attempt = functools.partial(self._attempt_each, parts, urls, generation, stop)
+        tried = await in_thread(self._threads.submit(attempt), stop.set)
+        for p in parts[: tried.landed]:
+            self._staging.journal.part_written(p.file.path, p.part.index, p.part.size_bytes)
+        return tried
+
+    def _attempt_each(
+        self, parts: Sequence[OneTry], urls: Sequence[str], generation: int, stop: threading.Event
+    ) -> Tried:
+        """In a transfer thread: `land_once_each`'s attempts, through the gate without waiting."""
+        for landed, (p, url) in enumerate(zip(parts, urls, strict=True)):
+            if stop.is_set() or not self._gate.try_admit():
+                return Tried(landed)
+            f, part = p.file, p.part
+            req = RangeRequest(url=url, start=part.start, end=part.end, etag=f.etag, size_bytes=f.size_bytes)
+            try:
+                p.transfer(req, part.start)
+            except Exception as exc:  # `land` takes it up as its first attempt's failure
+                return Tried(landed, FailedTry(exc, url, generation))
+            self._gate.succeeded()
+        return Tried(len(parts))
 
     async def _wait_to_retry(
         self, f: RemoteFile, start: int, part: Part, retries: PartRetries, exc: TransientFetchError

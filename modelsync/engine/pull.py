@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -45,9 +45,10 @@ from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.dedup import link_copies
 from modelsync.engine.events import PullEvents
 from modelsync.engine.evict import make_room, wait_for_room
-from modelsync.engine.fetch import FetchWindow
+from modelsync.engine.fetch import FetchWindow, whole_file
 from modelsync.engine.holder_note import ProgressNote
 from modelsync.engine.ledger import VerificationLedger
+from modelsync.engine.part_transfer import FailedTry
 from modelsync.engine.ports import Backends
 from modelsync.engine.pull_job import PullJob
 from modelsync.engine.source import source_files
@@ -56,8 +57,14 @@ from modelsync.engine.tasks import first_error
 from modelsync.engine.trust import SignatureCheck, final_check
 from modelsync.errors import ChecksumMismatchError, DiskFullError, ObjectChangedError
 
-#: files in progress at once; bounds open descriptors and per-file state
+#: files in progress at once (a batch of small files counts as one); bounds open descriptors
+#: and per-file state
 MAX_OPEN_FILES = 64
+#: small files a transfer thread fetches in one trip at most (`_small_files`): one hand-off each
+#: way for the batch instead of a task, a gate, a URL and two hand-offs for every file
+BATCH_FILES = 16
+#: trips each transfer thread gets at least while a model's small files last, so none idles
+BATCHES_PER_THREAD = 4
 
 
 class Pulled(NamedTuple):
@@ -176,17 +183,49 @@ class _Puller:
         to_fetch = sum(w.missing_bytes for w in plan.files if w.file.path not in self.ledger)
         self.events.planned(len(plan.files), plan.total_bytes, to_fetch)
         file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
+        ordered = self.signature.ordered(plan.files)
+        batch = batch_size(sum(map(self._batchable, ordered)), self.settings.concurrency)
         with first_error():
             async with asyncio.TaskGroup() as tg:
-                for work in self.signature.ordered(plan.files):
+                for item in in_batches(ordered, self._batchable, batch):
                     await file_slots.acquire()
-                    known = state.files.get(work.file.path) == (
-                        work.file.etag,
-                        work.file.size_bytes,
-                        layout_bytes(work.parts),
-                    )
-                    task = tg.create_task(self._file(work, known=resume and known))
+                    if isinstance(item, list):
+                        task = tg.create_task(self._small_files(item))
+                    else:
+                        known = state.files.get(item.file.path) == (
+                            item.file.etag,
+                            item.file.size_bytes,
+                            layout_bytes(item.parts),
+                        )
+                        task = tg.create_task(self._file(item, known=resume and known))
                     task.add_done_callback(lambda _t: file_slots.release())
+
+    def _batchable(self, work: FileWork) -> bool:
+        """A small file to fetch that `_small_files` can take (no store call before its GET)."""
+        f = work.file
+        return (
+            whole_file(work)
+            and f.path not in self.ledger
+            and not needs_first_part(f)
+            and not (self.signature.active and f.path == self.signature.name)
+        )
+
+    async def _small_files(self, works: list[FileWork]) -> None:
+        """Small files fetched and hashed in one trip to a transfer thread, then each verified as
+        `_file` verifies; the ones that did not land take `_file`'s whole path, which retries."""
+        tries = []
+        for work in works:
+            f = work.file
+            self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
+            tries.append((work, PrefixHasher(f.size_bytes, md5_part_bytes(f), sha256=self.signature.active)))
+        tried = await self.window.fetch_once_each(tries)
+        for work, hasher in tries[: tried.landed]:
+            await self._file(work, known=True, tried=hasher)
+        if tried.landed < len(tries):
+            with first_error():
+                async with asyncio.TaskGroup() as tg:
+                    for i, (work, _hasher) in enumerate(tries[tried.landed :]):
+                        tg.create_task(self._file(work, known=True, tried=tried.failed if i == 0 else None))
 
     async def _make_ready(self, plan: PullPlan) -> Path:
         """The final check, then the record and the one rename that makes the model ready."""
@@ -200,9 +239,13 @@ class _Puller:
         self.catalog.register(self.ref, record)
         return path
 
-    async def _file(self, work: FileWork, known: bool) -> None:
+    async def _file(self, work: FileWork, known: bool, tried: PrefixHasher | FailedTry | None = None) -> None:
         """Fetch and verify one file; a changed object gets one fresh try, bad bytes up to
-        `CORRUPT_FETCHES` fetches in all, and the error says whether the store or the way was wrong."""
+        `CORRUPT_FETCHES` fetches in all, and the error says whether the store or the way was wrong.
+
+        `tried`: `_small_files` made the first attempt: the hasher of the file it fetched, to
+        verify, or how the attempt failed, to go on from.
+        """
         f = work.file
         if f.path in self.ledger:  # linked from a cached copy, or verified before a restart
             return
@@ -213,8 +256,12 @@ class _Puller:
                 self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
             try:
                 md5_part = await self._md5_part_bytes(f)
-                hasher = PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
-                digest = await self.window.fetch_file(work, hasher)
+                if isinstance(tried, PrefixHasher):
+                    digest = tried.digest()
+                else:
+                    hasher = PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
+                    digest = await self.window.fetch_file(work, hasher, tried)
+                tried = None
                 self.events.verifying(f.path)
                 try:
                     self.ledger.accept(f, digest, md5_part)
@@ -245,6 +292,29 @@ class _Puller:
         if needs_first_part(f):
             first = await self.store.first_part_bytes(self.ref.bucket, f.key)
         return md5_part_bytes(f, first)
+
+
+def batch_size(batchable: int, concurrency: int) -> int:
+    """Small files per trip: up to `BATCH_FILES`, while every transfer thread still gets
+    `BATCHES_PER_THREAD` trips (a model's few side files go one a trip, all at once)."""
+    return max(1, min(BATCH_FILES, batchable // (BATCHES_PER_THREAD * concurrency)))
+
+
+def in_batches(
+    works: Iterable[FileWork], batchable: Callable[[FileWork], bool], size: int
+) -> Iterator[FileWork | list[FileWork]]:
+    """`works` in order: the batchable ones in lists of `size` (the last one shorter), the others alone."""
+    batch: list[FileWork] = []
+    for work in works:
+        if not batchable(work):
+            yield work
+            continue
+        batch.append(work)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _note_kept_part_size(plan: PullPlan, state: JournalState, wanted: int, events: PullEvents) -> None:

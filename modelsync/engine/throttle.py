@@ -38,6 +38,14 @@ class StoreGate:
         if wait_s > 0:
             await asyncio.sleep(wait_s)
 
+    def try_admit(self) -> bool:
+        """Take this request's start slot if it is free now; False, and no slot taken, when it would wait.
+
+        For a transfer thread, which must not sleep in the gate: the caller then waits on its event loop.
+        """
+        with self._lock:
+            return self._gate.try_reserve(self._clock())
+
     def throttled(self, retry_after_s: float | None) -> None:
         with self._lock:
             self._gate.throttled(self._clock(), retry_after_s)

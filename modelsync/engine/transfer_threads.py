@@ -117,7 +117,7 @@ class TransferThreads:
                 future.set_exception(exc)
 
 
-async def in_thread(future: asyncio.Future[_T]) -> _T:
+async def in_thread(future: asyncio.Future[_T], on_cancel: Callable[[], None] | None = None) -> _T:
     """Await a transfer thread; when cancelled, first wait until the thread has stopped.
 
     A cancelled task cannot stop a thread blocked on its socket: it keeps writing at
@@ -125,11 +125,14 @@ async def in_thread(future: asyncio.Future[_T]) -> _T:
     `read_timeout_s` passes. The descriptor it writes to must stay open until then,
     or its late writes land on a closed descriptor, or on whatever file reuses that
     number (the restarted file, another file of the model, the journal). So
-    cancellation waits for the thread; after an abort that is at once.
+    cancellation waits for the thread; after an abort that is at once. `on_cancel` tells a
+    call that runs several transfers to stop after the one under way.
     """
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         while not future.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait([future])

@@ -81,11 +81,12 @@ def parse_response(data: bytes | bytearray, filled: int) -> ResponseHead | None:
     """The final response head in ``data[:filled]``, past any interim 1xx; None until it is whole.
 
     Raises UnexpectedResponseError for a malformed head, and once ``filled``
-    reaches MAX_HEAD_BYTES without a final head.
+    reaches MAX_HEAD_BYTES without a final head. Bytes past MAX_HEAD_BYTES (a small
+    body received with its head) never count as head.
     """
     start = 0
     while True:
-        end = data.find(_END, start, filled)
+        end = data.find(_END, start, min(filled, MAX_HEAD_BYTES))
         if end < 0:
             if filled >= MAX_HEAD_BYTES:
                 raise UnexpectedResponseError(f"response head longer than {MAX_HEAD_BYTES} bytes")

@@ -12,6 +12,7 @@ node daemon stages the model (`read_only` is the one test of that).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -53,6 +54,7 @@ def foreground_pull(rules: PullRules, quiet: bool, options: ReadyOptions | None 
     from modelsync.engine.ensure import ReadyOptions, ensure_ready
     from modelsync.progress import StderrProgress
 
+    _loaded()
     usable_cache(rules.settings)
     progress = StderrProgress(rules.source.model_id, quiet=quiet)
     try:
@@ -66,6 +68,17 @@ def foreground_pull(rules: PullRules, quiet: bool, options: ReadyOptions | None 
             )
     finally:
         progress.close()
+
+
+def _loaded() -> None:
+    """The pull's code is in: collect garbage again (`__main__` held the collector off), past it.
+
+    What start-up loaded lives as long as the process; frozen (`gc.freeze`), the collector never
+    visits it again, at exit neither. Held off and frozen, a cold 64 MiB pull runs ~7% fewer
+    instructions (callgrind).
+    """
+    gc.freeze()
+    gc.enable()
 
 
 _PYOPENSSL = "urllib3.contrib.pyopenssl"

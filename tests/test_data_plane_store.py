@@ -498,14 +498,18 @@ def test_a_manifest_damaged_in_transit_is_fetched_again_by_the_sdk(
 
 # ---- the point of it: a cold pull without the SDK ------------------------------------------------
 
+#: what a cold pull must not load: the S3 SDK, the full command line, and what only other paths
+#: need (a refusal's date, removals, retries' jitter, size parsing, `ctypes.util`'s ldconfig);
+#: and the collector must run again once the pull's code is in (__main__ holds it off until then)
 REPORTING_IMPORTS = (
-    "import sys\n"
+    "import gc, sys\n"
     "from modelsync.__main__ import main\n"
     "try:\n"
     "    main()\n"
     "finally:\n"
-    "    print(sorted(m for m in ('aiobotocore', 'botocore', 'aiohttp', 'urllib3', 'typer')"
-    " if m in sys.modules), file=sys.stderr)\n"
+    "    print(sorted(m for m in ('aiobotocore', 'botocore', 'aiohttp', 'urllib3', 'typer', '_strptime',"
+    " 'email', 'shutil', 'random', 'decimal', 'ctypes.util') if m in sys.modules)"
+    " + ([] if gc.isenabled() else ['collector off']), file=sys.stderr)\n"
 )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -185,6 +184,8 @@ def remove_tree(path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
+    import shutil  # here: only removals need it; it imports bz2 and lzma, which a pull never does
+
     # shutil.rmtree works through directory fds on Linux (rmtree.avoids_symlink_attacks).
     assert shutil.rmtree.avoids_symlink_attacks
     shutil.rmtree(path)
@@ -249,6 +250,8 @@ def remove_beneath_fd(root_fd: int, relative: PurePosixPath) -> None:
         except FileNotFoundError:
             pass
         except IsADirectoryError:
+            import shutil  # here, as in remove_tree
+
             shutil.rmtree(relative.name, dir_fd=parent)
     finally:
         os.close(parent)

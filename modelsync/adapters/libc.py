@@ -15,10 +15,18 @@ if TYPE_CHECKING:
 
 @functools.cache
 def load_libc() -> ctypes.CDLL | None:
-    import ctypes.util
+    """The C library the interpreter itself runs on: the process's own symbols (dlopen of NULL).
 
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name, use_errno=True) if name else None
+    Not `ctypes.util.find_library("c")`, which on Linux runs `ldconfig -p` in a
+    subprocess (and imports tempfile and shutil): a fork and exec in every cold pull,
+    for a library that is loaded already.
+    """
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 def last_errno() -> int:

@@ -19,9 +19,8 @@ Expiry of a presigned URL is read from the URL's own `X-Amz-Date` and
 
 from __future__ import annotations
 
-import calendar
+import datetime as dt
 import functools
-import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -277,8 +276,18 @@ def presigned_expiry(url: str) -> float | None:
     dates, lifetimes = query.get("X-Amz-Date"), query.get("X-Amz-Expires")
     if not dates or not lifetimes or not lifetimes[0].isdigit():
         return None
+    signed = _amz_date(dates[0])
+    return None if signed is None else signed + int(lifetimes[0])
+
+
+def _amz_date(text: str) -> float | None:
+    """`YYYYMMDDTHHMMSSZ` as epoch seconds; read by hand, as `time.strptime` would cost a cold
+    pull the import of `_strptime`, `calendar` and `locale` for one date."""
+    digits = text[:8] + text[9:15]
+    if len(text) != 16 or text[8] != "T" or text[15] != "Z" or not (digits.isascii() and digits.isdigit()):
+        return None
     try:
-        signed = time.strptime(dates[0], "%Y%m%dT%H%M%SZ")
+        return dt.datetime(int(text[0:4]), int(text[4:6]), int(text[6:8]), int(text[9:11]),
+                           int(text[11:13]), int(text[13:15]), tzinfo=dt.UTC).timestamp()
     except ValueError:
         return None
-    return float(calendar.timegm(signed) + int(lifetimes[0]))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
 
 from modelsync.errors import UsageError
 
@@ -76,6 +75,8 @@ def parse_size(text: str) -> int:
     number, unit = match.group(1), match.group(2) or ""
     if unit[:1] == "K":
         unit = "k" + unit[1:]
+    from decimal import Decimal  # here: settings are mostly defaults, and decimal costs every command ~1 ms
+
     return int(Decimal(number) * _SIZE_FACTORS[unit])
 
 
@@ -98,6 +99,8 @@ def parse_duration(text: str) -> float:
             f"invalid duration {text!r}; use parts with units d, h, m, s, largest first, "
             "e.g. 30s, 10m, 1h30m, 7d"
         )
+    from decimal import Decimal, InvalidOperation  # here, as in parse_size
+
     try:
         total = sum(
             (Decimal(value) * _SECONDS_PER[unit] for unit, value in match.groupdict().items() if value),

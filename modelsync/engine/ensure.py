@@ -34,7 +34,6 @@ from modelsync.adapters.cache import Cache
 from modelsync.adapters.cache.foreground import announce
 from modelsync.core.refs import ModelRef
 from modelsync.engine.events import NoEvents, PullEvents
-from modelsync.engine.maintain import repair_ready, verify_ready
 from modelsync.engine.ports import OpenBackends
 from modelsync.engine.pull_job import PullJob
 from modelsync.engine.ready import Problem, Readiness, readiness
@@ -108,11 +107,15 @@ def ensure_ready(
         lock.acquire(on_wait=events.waiting)
         stack.callback(lock.release)
         if options.verify:
+            from modelsync.engine.maintain import verify_ready  # here: a cold pull does not verify
+
             _report(verify_ready(cache, ref, settings.part_size_bytes) or [], events)
         state = readiness(cache, ref, signed_only)
         if state.record is not None and state.damaged:
             # never served while it is repaired; the intact files stay, only the bad ones are fetched
             _report(state.damaged, events)
+            from modelsync.engine.maintain import repair_ready  # here, as verify_ready above
+
             repair_ready(cache, ref, state.record, {p.path for p in state.damaged}, settings.part_size_bytes)
             state = Readiness(None)
         if state.ready and not options.refresh:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -193,6 +192,8 @@ class PartTransfer:
                 f"{retries.stuck_s(now):.0f} s without progress ({exc}); retry the pull later, "
                 "it resumes where it stopped"
             ) from None
+        import random  # here: only a retry needs jitter, and a cold pull need not import it
+
         await asyncio.sleep(
             retries.wait_s(
                 now, throttled=exc.throttled, retry_after_s=exc.retry_after_s, jitter=random.random()

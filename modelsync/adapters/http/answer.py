@@ -10,7 +10,6 @@ retrying becomes ``TransientFetchError``.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import re
 from collections.abc import Mapping
 
@@ -103,6 +102,8 @@ def url_expired(url: str, date_header: str | None, now: float) -> bool:
     if expiry is None:
         return False
     if date_header:
+        import email.utils  # here: only a refusal needs it, and the email package costs a cold pull ~3 ms
+
         with contextlib.suppress(TypeError, ValueError, IndexError):
             now = email.utils.parsedate_to_datetime(date_header).timestamp()
     return now + EXPIRY_SLACK_S >= expiry

@@ -15,11 +15,12 @@ The second test measures the pool plan: 16 nodes (MODELSYNC_FLEET_PLAN_NODES) pu
 64 MiB/s in total (MODELSYNC_FLEET_EGRESS_MIB; tests/support/egress.py) and that sheds
 load while saturated, and print `modelsync plan --nodes N --store-bandwidth` beside
 what they measure, then again with each node at the plan's suggested
-`--max-bandwidth`. The cap and the model are small because the machine is small and
-shared: 16 node processes share its two cores. So the plan is held against the store's
-last byte, not the nodes' exits: what a node does after its last byte (verify, make
-ready, exit) is its own CPU's work, which here 16 nodes and other tests share (both
-are printed; docs/schedule.md, "The pool plan against a measured pool").
+`--max-bandwidth` (MODELSYNC_FLEET_CAP, e.g. `3891ki/s`, tries another). The cap and
+the model are small because the machine is small and shared: 16 node processes share
+its two cores. The plan is held against the last node done (its process's exit); each
+node notes when it had its last byte, was ready and ran its exit handlers, so what it
+does after the store's last byte is printed too (docs/schedule.md, "The pool plan
+against a measured pool").
 """
 
 from __future__ import annotations
@@ -143,6 +144,18 @@ class PoolRun:
     def throttled(self) -> int:
         return sum(t.throttled for t in self.traffic)
 
+    def after_last_byte_s(self) -> dict[str, float]:
+        """The most any node took from its last byte leaving the store until it had read and written
+        it (`last_byte_in`), made the model ready, ran its exit handlers, and exited."""
+        left: dict[int, float] = {}
+        for at, _n, node in self.served:
+            left[node] = max(at, left.get(node, at))
+        stages: dict[str, float] = {}
+        for r in self.results:
+            for stage, at in (*r.marks.items(), ("exited", r.finished_at)):
+                stages[stage] = max(stages.get(stage, -math.inf), at - left[r.node])
+        return stages
+
     def egress_used(self, seconds: float = 1.0) -> list[float]:
         """The share of the store's egress used in each `seconds` from its first GET to its last byte."""
         bins = [0] * max(1, math.ceil(self.last_byte_s / seconds))
@@ -196,6 +209,8 @@ class PoolRun:
             f"  measured: first node done {min(done):7.1f} s",
             f"  measured: last node done  {max(done):7.1f} s   ({off:+.1%} against the plan; the store's "
             f"last byte at {self.last_byte_s:.1f} s)",
+            "  after a node's last byte left the store, at most: "
+            + ", ".join(f"{stage} {s:.2f} s" for stage, s in self.after_last_byte_s().items()),
             f"  measured: spread          {max(done) - min(done):7.1f} s   (first GETs spread over "
             f"{self.start_spread_s:.1f} s)",
             f"  served per node:          min {min(served):.1f} MiB, max {max(served):.1f} MiB, "
@@ -246,10 +261,11 @@ def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its
 ) -> None:
     """N node caches pull one model through a store whose egress is capped in bytes per second;
     `plan --nodes N --store-bandwidth CAP` is printed beside what they measure, and must be within
-    PLAN_TOLERANCE of when the store served its last byte. Then again, each node capped at the
-    plan's suggested `--max-bandwidth`: the plan at that cap holds too, the store sends no 503,
-    and the pool is later by no more than the plan says the cap's headroom costs, plus the spread
-    of the nodes' first GETs."""
+    PLAN_TOLERANCE of when the last node was done, but for the spread of the nodes' first GETs,
+    which the plan leaves out. Then again, each node capped at the plan's
+    suggested `--max-bandwidth`: the plan at that cap holds too, the store sends no 503, and the
+    last node is later by no more than the plan says the cap's headroom costs, plus the spread of
+    the nodes' first GETs."""
     assert PLAN_NODES >= 16, "the measured pool is at least 16 nodes"
     files = {f"model-{i:05d}-of-00004.safetensors.bin": os.urandom(MODEL_MIB * MiB // 4) for i in range(4)}
     ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/pool/rev1/", files)
@@ -261,7 +277,7 @@ def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its
     direct = seaweed_reader.subprocess_env()
     empty = tmp_path / "empty-cache"
     plan_text, plan = plan_of(direct, schedule, empty)
-    suggested = str(plan["suggested_max_bandwidth"])
+    suggested = os.environ.get("MODELSYNC_FLEET_CAP") or str(plan["suggested_max_bandwidth"])
     capped_text, capped_plan = plan_of(direct, schedule, empty, "--max-bandwidth", suggested)
 
     runs, wrong, loads = [], {}, []
@@ -296,11 +312,17 @@ def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its
 
     assert wrong == {run.label: {} for run in runs}, "failed pulls, or pulls that printed no ready path"
     for run, predicted in ((uncapped, plan["fill_s"]), (capped, capped_plan["fill_s"])):
-        off = abs(run.last_byte_s - predicted) / predicted
-        assert off <= PLAN_TOLERANCE, f"{run.label}: last byte {run.last_byte_s:.1f} s, plan {predicted:.1f}"
+        # The plan starts every node at once; here the nodes' first GETs come apart by as much as
+        # 16 processes take to start a pull on two shared cores, which the plan leaves out
+        # (core/pool.py): the last node may be that much later.
+        early, late = (1 - PLAN_TOLERANCE) * predicted, (1 + PLAN_TOLERANCE) * predicted + run.start_spread_s
+        assert early <= run.last_done_s <= late, (
+            f"{run.label}: last node {run.last_done_s:.1f} s, plan {predicted:.1f} s, "
+            f"first GETs {run.start_spread_s:.1f} s apart"
+        )
     assert capped.throttled == 0, "nodes at the suggested cap must draw no 503"
     # The cap leaves the store a tenth of its egress: the plan says what that costs the pool, and
     # it may cost no more, but for the start spread the plan leaves out: a capped node that starts
     # late cannot catch up, an uncapped one takes the egress the others leave.
     cost_s = capped_plan["fill_s"] - plan["fill_s"] + capped.start_spread_s
-    assert capped.last_byte_s <= uncapped.last_byte_s + cost_s, "the suggested cap cost more than planned"
+    assert capped.last_done_s <= uncapped.last_done_s + cost_s, "the suggested cap cost more than planned"

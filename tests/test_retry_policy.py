@@ -167,6 +167,21 @@ def test_a_throttle_paces_every_start_below_the_measured_rate() -> None:
     assert gaps == pytest.approx([1 / gate.rate_per_s] * 4)
 
 
+def test_a_waiting_request_starts_at_the_rate_of_when_it_starts_not_of_when_it_asked() -> None:
+    """Requests book no slot ahead: after a throttle, the parts waiting for their start follow
+    the rate as it recovers, rather than slots booked a second apart at the throttled rate."""
+    gate = SendGate(min_rate_per_s=1.0, doubling_s=1.0)
+    gate.throttled(0.0)
+    assert gate.wait_s(0.0) == pytest.approx(1.0)
+    assert [gate.wait_s(0.0) for _ in range(8)] == [pytest.approx(1.0)] * 8  # asking books nothing
+
+    gate.succeeded(0.5)  # the rate is now 2 ** 0.5 a second
+
+    assert gate.wait_s(0.5) == pytest.approx(2**-0.5 - 0.5)
+    assert gate.reserve(2**-0.5) == 0.0
+    assert gate.wait_s(0.75) == pytest.approx(2**-0.5 + 2**-0.5 - 0.75)
+
+
 def test_a_burst_of_throttles_to_one_overload_counts_once() -> None:
     gate = SendGate(window_s=1.0, decrease_every_s=0.5)
     for _ in range(10):

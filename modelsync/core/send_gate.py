@@ -21,6 +21,11 @@ class SendGate:
     `Retry-After` holds every start until it has passed. `time_scale` multiplies
     every duration of the gate's own and divides every rate, like `RetryPolicy.scaled`.
 
+    A request waits for the next start at the rate the gate has when it asks
+    (`wait_s`) and takes its slot when it starts (`reserve`), booking none ahead:
+    eight parts booked one second apart after a throttle kept a node at a part a
+    second for eight seconds while the rate had recovered and the store was idle.
+
     Not thread-safe by itself: the caller holds a lock around each call.
     """
 
@@ -47,24 +52,29 @@ class SendGate:
         self._retry_after_cap_s = retry_after_cap_s
         #: requests per second allowed to start; None: not paced
         self.rate_per_s: float | None = None
-        self._next_start = 0.0
+        self._last_start = float("-inf")
         self._hold_until = 0.0
         self._last_decrease = float("-inf")
         self._last_raise = 0.0
         self._starts: collections.deque[float] = collections.deque(maxlen=4096)
 
-    def reserve(self, now: float) -> float:
-        """Take a start slot; returns how long to wait before sending (0 when free)."""
+    def wait_s(self, now: float) -> float:
+        """How long until the next start, at the rate of `now` (0 when a request may start now)."""
         start = max(now, self._hold_until)
         if self.rate_per_s is not None:
-            start = max(start, self._next_start)
-            self._next_start = start + 1.0 / self.rate_per_s
-        self._starts.append(start)
+            start = max(start, self._last_start + 1.0 / self.rate_per_s)
         return start - now
 
+    def reserve(self, now: float) -> float:
+        """Take the next start slot; returns how long to wait before sending (0 when free)."""
+        wait = self.wait_s(now)
+        self._last_start = now + wait
+        self._starts.append(self._last_start)
+        return wait
+
     def try_reserve(self, now: float) -> bool:
-        """Take a start slot only if it is free at `now` (`reserve` would return 0); else take none."""
-        if self._hold_until > now or (self.rate_per_s is not None and self._next_start > now):
+        """Take a start slot only if it is free at `now` (`wait_s` is 0); else take none."""
+        if self.wait_s(now) > 0:
             return False
         self.reserve(now)
         return True
@@ -80,7 +90,7 @@ class SendGate:
         base = measured if self.rate_per_s is None else min(self.rate_per_s, max(measured, self._min_rate))
         self.rate_per_s = max(self._min_rate, base * self._beta)
         self._last_raise = now
-        self._next_start = max(self._next_start, now + 1.0 / self.rate_per_s)
+        self._last_start = max(self._last_start, now)
 
     def succeeded(self, now: float) -> None:
         """A request finished well at `now`: let the rate recover a little."""

@@ -32,10 +32,14 @@ class StoreGate:
         self._clock = clock
 
     async def admit(self) -> None:
-        """Wait for this request's start slot."""
-        with self._lock:
-            wait_s = self._gate.reserve(self._clock())
-        if wait_s > 0:
+        """Wait until a start slot is free, then take it: a request that waits books no slot
+        ahead, so when the rate recovers meanwhile, every waiting request starts at the new rate."""
+        while True:
+            with self._lock:
+                now = self._clock()
+                if self._gate.try_reserve(now):
+                    return
+                wait_s = self._gate.wait_s(now)
             await asyncio.sleep(wait_s)
 
     def try_admit(self) -> bool:

@@ -8,9 +8,16 @@ apart), and the bytes of all answers, on all listeners, pass one token bucket of
 listener's address still validates).
 
 Like AIStor or S3 behind a saturated link, it sheds load: while the egress is
-saturated (the last `window_s` seconds used at least `SATURATED` of it), a new GET is
-answered 503 SlowDown with Retry-After instead of joining the queue. Nodes capped
-below their share (`--max-bandwidth`) leave it room, and draw none.
+saturated (the last `window_s` seconds delivered at least `SATURATED` of it), a new
+GET is answered 503 SlowDown with Retry-After instead of joining the queue. Nodes
+capped below their share (`--max-bandwidth`) leave it room, and draw none.
+
+A byte counts as egress when it has left for the node, as on a link: when the
+node's socket took it, not when the proxy queued it in a send buffer of its own.
+So that buffer is as small as the kernel allows; with 128 KiB each, the 128
+connections of 16 nodes could hold half a second of the store's egress counted
+as sent that was not, and 16 nodes capped at 95% of their share drew 35-38 503s
+(4 with this change).
 
 Plain threads and sockets, no HTTP library on the data path: the answers are relayed
 in 64 KiB chunks, so the proxy costs little CPU beside the pulls it serves.
@@ -31,7 +38,8 @@ from support.service import Service
 
 LOOPBACK = "127.0.0.1"
 CHUNK_BYTES = 64 * 1024
-SEND_BUFFER_BYTES = 128 * 1024
+#: the proxy's send buffer per connection (the kernel doubles it, and keeps at least ~4.6 KiB)
+SEND_BUFFER_BYTES = 4 * 1024
 #: the share of the egress in use from which the store refuses new GETs
 SATURATED = 0.98
 #: the bucket holds this much time of egress: a short burst, never a second's worth
@@ -76,12 +84,16 @@ class _Egress:
             self.stamp = now
             self.tokens -= n_bytes
             wait_s = -self.tokens / self.rate if self.tokens < 0 else 0.0
-            self.sent.append((now, n_bytes))
         if wait_s > 0:
             time.sleep(wait_s)
 
+    def delivered(self, n_bytes: int) -> None:
+        """`n_bytes` have left for a node."""
+        with self.lock:
+            self.sent.append((time.monotonic(), n_bytes))
+
     def busy(self, window_s: float) -> float:
-        """The share of the egress the last `window_s` seconds asked for (bytes sent or waiting to)."""
+        """The share of the egress the last `window_s` seconds delivered."""
         with self.lock:
             now = time.monotonic()
             while self.sent and self.sent[0][0] < now - window_s:
@@ -160,8 +172,8 @@ class EgressCap(Service):
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # Loopback would buffer megabytes per connection: a whole part would leave the
-            # store at once, whatever pace the node reads at. A link's worth of buffer keeps
-            # the store's egress following the nodes' reads.
+            # store at once, whatever pace the node reads at. The least buffer keeps the
+            # store's egress, and what it counts as delivered, following the nodes' reads.
             client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             with self._lock:
                 self._sockets |= {client, upstream}
@@ -227,6 +239,7 @@ class EgressCap(Service):
                 self._egress.take(n)
                 with write_lock:
                     client.sendall(view[:n])
+                self._egress.delivered(n)
                 with self._lock:
                     self.traffic[node].bytes_served += n
                     self.served.append((time.monotonic(), n, node))

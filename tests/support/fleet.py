@@ -10,6 +10,7 @@ closing note quotes comes out as `FleetFigures`.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -20,21 +21,38 @@ from pathlib import Path
 from support.faultproxy import FaultProxy
 
 #: a node process: import what a cold pull imports (the S3 SDK included), say so (argv[1]),
-#: wait for stdin to close, then pull
+#: wait for stdin to close, then pull as the `modelsync` command does; it notes (time.monotonic(),
+#: in argv[1] with `.marks`) when its last part was read and written, when the model was made
+#: ready, and when it ran its exit handlers
 _AT_THE_BARRIER = """
-import os, sys
+import atexit, json, os, sys, time
 from pathlib import Path
 import modelsync.adapters.http.client, modelsync.adapters.store.data_plane, modelsync.adapters.store.sdk
 import modelsync.backends, modelsync.engine.ensure, modelsync.engine.pull, modelsync.foreground_pull
 import modelsync.plain_pull, modelsync.progress
 import aiobotocore.client, aiobotocore.endpoint, aiobotocore.httpsession, aiobotocore.parsers
 import aiobotocore.signers, aiohttp, xml.etree.ElementTree
-from modelsync.__main__ import main
-Path(sys.argv[1]).touch()
+from modelsync.__main__ import run_and_exit
+from modelsync.adapters.cache import Cache
+from modelsync.engine.part_transfer import PartTransfer
+marks, barrier = {}, Path(sys.argv[1])
+def marking(name, call):
+    def marked(*args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        finally:
+            marks[name] = time.monotonic()
+    return marked
+PartTransfer.into_file = marking("last_byte_in", PartTransfer.into_file)
+Cache.make_ready = marking("ready", Cache.make_ready)
+def note_marks():
+    barrier.with_suffix(".marks").write_text(json.dumps({**marks, "exiting": time.monotonic()}))
+atexit.register(note_marks)
+barrier.touch()
 sys.stdin.buffer.read()
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 sys.argv = ["modelsync", *sys.argv[2:]]
-main()
+run_and_exit()
 """
 
 
@@ -50,6 +68,8 @@ class NodeResult:
     finished_at: float
     stdout: str
     stderr: str
+    #: time.monotonic() of `last_byte_in`, `ready` and `exiting` (see _AT_THE_BARRIER); empty if it died
+    marks: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +171,15 @@ def run_fleet(
             finished_at=started + finished.get(index, timeout_s),
             stdout=cache.with_suffix(".out").read_text(),
             stderr=cache.with_suffix(".err").read_text(),
+            marks=_marks(cache.with_suffix(".marks")),
         )
         for index, (cache, (process, _out, _err)) in enumerate(zip(caches, running, strict=True))
     ]
+
+
+def _marks(path: Path) -> dict[str, float]:
+    marks: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+    return marks
 
 
 def fleet_figures(

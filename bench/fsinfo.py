@@ -16,13 +16,24 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bench.data import GiB
 from bench.harness import BenchError
 
 MKFS = {"xfs": ["mkfs.xfs", "-q", "-f"], "ext4": ["mkfs.ext4", "-q", "-F"]}
+
+
+def resident_bytes(paths: Sequence[Path]) -> int | None:
+    """Bytes of the files in the page cache, as util-linux's fincore sees them; None without fincore."""
+    if shutil.which("fincore") is None:
+        return None
+    if not paths:
+        return 0
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(x) for x in out.split())
 
 
 def why_not(kind: str) -> str | None:

@@ -58,12 +58,10 @@ def drop_clean_caches(dest: Path) -> None:
 def resident_mib(dest: Path) -> float:
     """MiB of the cache's files in the page cache (util-linux fincore): this command's own share of
     `Cached`, which other work on a shared machine does not add to."""
-    files = [str(p) for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
-    if not files:
-        return 0.0
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files],
-                         capture_output=True, text=True, check=True).stdout
-    return sum(int(line) for line in out.split()) / 2**20
+    resident = fsinfo.resident_bytes([p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()])
+    if resident is None:
+        raise BenchError("fincore (util-linux) is missing: apt-get install -y util-linux")
+    return resident / 2**20
 
 
 def measure(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[float, float, str | None]:

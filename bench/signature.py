@@ -30,9 +30,7 @@ import argparse
 import contextlib
 import hashlib
 import os
-import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,12 +91,11 @@ def sha256_gib_per_cpu_s(seconds: float = 1.0) -> float:
 
 def cached_share(paths: Sequence[Path]) -> float | None:
     """Share of the files' bytes in the page cache (util-linux fincore), or None without it."""
-    if shutil.which("fincore") is None:
+    resident = fsinfo.resident_bytes(paths)
+    if resident is None:
         return None
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
-                         capture_output=True, text=True, check=False).stdout
     total = sum(p.stat().st_size for p in paths)
-    return sum(int(x) for x in out.split()) / total if total else 1.0
+    return resident / total if total else 1.0
 
 
 def with_context(runs: Iterator[Run], source: Prepared, root: Path,

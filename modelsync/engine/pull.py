@@ -217,7 +217,7 @@ class _Puller:
         for work in works:
             f = work.file
             self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
-            tries.append((work, PrefixHasher(f.size_bytes, md5_part_bytes(f), sha256=self.signature.active)))
+            tries.append((work, self._hasher(f, md5_part_bytes(f))))
         tried = await self.window.fetch_once_each(tries)
         for work, hasher in tries[: tried.landed]:
             await self._file(work, known=True, tried=hasher)
@@ -259,8 +259,7 @@ class _Puller:
                 if isinstance(tried, PrefixHasher):
                     digest = tried.digest()
                 else:
-                    hasher = PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
-                    digest = await self.window.fetch_file(work, hasher, tried)
+                    digest = await self.window.fetch_file(work, self._hasher(f, md5_part), tried)
                 tried = None
                 self.events.verifying(f.path)
                 try:
@@ -285,6 +284,10 @@ class _Puller:
                     raise misstated_size(f"s3://{self.ref.bucket}/{f.key}", f, fresh.size_bytes) from None
                 work = restart(work, replace(f, size_bytes=fresh.size_bytes, etag=fresh.etag))
                 self.window.forget_url(f)
+
+    def _hasher(self, f: RemoteFile, md5_part: int | None) -> PrefixHasher:
+        """The digests a file's check needs: SHA-256 too when the pull verifies a signature."""
+        return PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
 
     async def _md5_part_bytes(self, f: RemoteFile) -> int | None:
         """How to slice the file for an ETag check, or None when the ETag proves nothing."""

@@ -25,6 +25,7 @@ import pytest
 import test_cache_lifecycle as lifecycle
 from support.cli import one_error_line
 from support.faultproxy import FaultProxy
+from support.other_users import needs_a_checkout_others_reach
 from support.safetensors import shard
 from test_cache_lifecycle import (
     KiB,
@@ -398,6 +399,7 @@ def test_read_only_commands_work_on_a_read_only_cache_and_the_others_say_why_not
     assert_present(cache, model)
 
 
+@needs_a_checkout_others_reach
 @needs_mount_namespace
 @pytest.mark.root
 @pytest.mark.parametrize("state_mode", [0o2775, 0o2770], ids=["readable-by-others", "group-only"])

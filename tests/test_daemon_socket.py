@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from support.daemon import Daemon, schedule_text
 from support.objects import payload, upload
+from support.other_users import needs_a_checkout_others_reach
 from support.s3env import S3Env
 from support.waiting import wait_for
 from test_tenant_pull import needs_mount_namespace, tenant
@@ -98,6 +99,7 @@ def tracebacks(daemon: Daemon) -> list[dict[str, object]]:
     return [e for e in daemon.logs() if "traceback" in e or "Traceback" in str(e.get("msg"))]
 
 
+@needs_a_checkout_others_reach
 @needs_mount_namespace
 @pytest.mark.root
 def test_hundreds_of_idle_and_malformed_connections_do_not_lock_out_a_keyless_tenant(

@@ -22,6 +22,7 @@ import pytest
 from support.cli import run_cli
 from support.daemon import Daemon, schedule_text
 from support.objects import payload, upload
+from support.other_users import needs_a_checkout_others_reach
 from support.s3env import S3Env
 from support.waiting import wait_for
 
@@ -270,6 +271,7 @@ def test_a_tenants_cold_pull_preempts_the_daemons_background_prefetch_which_resu
     wait_for(lambda: starts() >= 2, what="the background prefetch resumes")
 
 
+@needs_a_checkout_others_reach
 @needs_mount_namespace
 @pytest.mark.root
 def test_a_tenant_outside_the_cache_group_is_told_to_add_it_in_one_line(

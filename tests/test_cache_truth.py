@@ -25,7 +25,7 @@ import pytest
 import test_cache_lifecycle as lifecycle
 from support.cli import one_error_line
 from support.faultproxy import FaultProxy
-from support.other_users import needs_a_checkout_others_reach
+from support.other_users import OtherUser
 from support.safetensors import shard
 from test_cache_lifecycle import (
     KiB,
@@ -338,7 +338,7 @@ needs_mount_namespace = pytest.mark.skipif(
     reason="a read-only bind mount needs root and unshare",
 )
 #: a user outside the cache's group, and where it sees the cache (a path it can reach)
-STRANGER = ("setpriv", "--reuid=10002", "--regid=10002", "--clear-groups")
+STRANGER = OtherUser(10002)
 STRANGERS_VIEW = Path("/mnt/model-cache")
 
 
@@ -399,7 +399,7 @@ def test_read_only_commands_work_on_a_read_only_cache_and_the_others_say_why_not
     assert_present(cache, model)
 
 
-@needs_a_checkout_others_reach
+@STRANGER.needs_the_checkout
 @needs_mount_namespace
 @pytest.mark.root
 @pytest.mark.parametrize("state_mode", [0o2775, 0o2770], ids=["readable-by-others", "group-only"])
@@ -411,7 +411,7 @@ def test_a_user_outside_the_cache_group_reads_what_it_may_or_is_told_to_join_the
     os.chmod(cache.state_dir, state_mode)
 
     for args in (("ls",), ("verify",), ("gc", "--dry-run"), ("evict", model.name, "--dry-run")):
-        done = on_read_only_mount(cache_dir, *args, as_user=STRANGER, view=STRANGERS_VIEW)
+        done = on_read_only_mount(cache_dir, *args, as_user=STRANGER.setpriv, view=STRANGERS_VIEW)
 
         no_sqlite_words(done)
         if state_mode & 0o005:

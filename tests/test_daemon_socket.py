@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support.daemon import Daemon, schedule_text
 from support.objects import payload, upload
-from support.other_users import needs_a_checkout_others_reach
+from support.other_users import OtherUser
 from support.s3env import S3Env
 from support.waiting import wait_for
 from test_tenant_pull import needs_mount_namespace, tenant
@@ -54,7 +54,7 @@ MALFORMED = [
     b'{"op": "status"',  # half a request, never finished
 ]
 #: a tenant's uid: another than the hostile test's, in the cache's group (the daemon runs as root)
-TENANT_USER = ("setpriv", "--reuid=10004", "--regid=10004", "--groups=0")
+TENANT_USER = OtherUser(10004, groups=(0,))
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def tracebacks(daemon: Daemon) -> list[dict[str, object]]:
     return [e for e in daemon.logs() if "traceback" in e or "Traceback" in str(e.get("msg"))]
 
 
-@needs_a_checkout_others_reach
+@TENANT_USER.needs_the_checkout
 @needs_mount_namespace
 @pytest.mark.root
 def test_hundreds_of_idle_and_malformed_connections_do_not_lock_out_a_keyless_tenant(
@@ -115,7 +115,9 @@ def test_hundreds_of_idle_and_malformed_connections_do_not_lock_out_a_keyless_te
         with ThreadPoolExecutor(max_workers=16) as pool:
             replies = pool.map(lambda r: send_malformed(sock_path, r), MALFORMED * 20)
             view = Path("/mnt/model-cache")
-            pulled = pool.submit(tenant, daemon.cache, home, "pull", ALLOWED, as_user=TENANT_USER, view=view)
+            pulled = pool.submit(
+                tenant, daemon.cache, home, "pull", ALLOWED, as_user=TENANT_USER.setpriv, view=view
+            )
             done = pulled.result(timeout=120)
             answers = list(replies)
         # Each idle connection was answered: admitted ones timed out, the rest were refused at once.

@@ -22,7 +22,7 @@ import pytest
 from support.cli import run_cli
 from support.daemon import Daemon, schedule_text
 from support.objects import payload, upload
-from support.other_users import needs_a_checkout_others_reach
+from support.other_users import OtherUser
 from support.s3env import S3Env
 from support.waiting import wait_for
 
@@ -271,7 +271,11 @@ def test_a_tenants_cold_pull_preempts_the_daemons_background_prefetch_which_resu
     wait_for(lambda: starts() >= 2, what="the background prefetch resumes")
 
 
-@needs_a_checkout_others_reach
+#: a user outside the cache's group
+STRANGER = OtherUser(10002)
+
+
+@STRANGER.needs_the_checkout
 @needs_mount_namespace
 @pytest.mark.root
 def test_a_tenant_outside_the_cache_group_is_told_to_add_it_in_one_line(
@@ -279,8 +283,8 @@ def test_a_tenant_outside_the_cache_group_is_told_to_add_it_in_one_line(
 ) -> None:
     home = tmp_path / "tenant-home"  # the stranger cannot reach it, and needs not
     home.mkdir()
-    stranger = ("setpriv", "--reuid=10002", "--regid=10002", "--clear-groups")
-    done = tenant(served.cache, home, "pull", SCHEDULED, as_user=stranger, view=Path("/mnt/model-cache"))
+    view = Path("/mnt/model-cache")
+    done = tenant(served.cache, home, "pull", SCHEDULED, as_user=STRANGER.setpriv, view=view)
     assert done.returncode == ExitCode.LOCAL_STORAGE, done.stderr
     line = one_error_line(done.stderr)
     assert "/mnt/model-cache/.modelsync/daemon.sock" in line and "supplementalGroups" in line

@@ -242,6 +242,10 @@ def daemon(podman: Podman, node: Node) -> DaemonRun:
     url = pod_url(podman, container)
     wait_until(lambda: staged_gauges(url).get(ref.model_id) == 1, "the fresh daemon's staged model", 60,
                podman, container)
+    # A fresh daemon checks each staged model against its source once within its start jitter
+    # (30 s), under the model's lock: a verify Job run meanwhile reports it busy, as it should.
+    wait_until(lambda: "unchanged at its source" in podman("logs", container).stderr,
+               "the fresh daemon's refresh check", 90, podman, container)
     return dataclasses.replace(restarted, pod=pod, container=container, url=url)
 
 

@@ -485,8 +485,8 @@ def test_the_daemons_refresh_checks_do_not_count_as_uses_of_a_model(
     schedule.write_text(schedule_text([("r", "s3://models/org/r/r1/", "soon")]))
 
     daemon = start_daemon(schedule, env, "--refresh", "1s")
-    # one pull at a time: a second check has started only once the first has finished
-    wait_for(lambda: sum("refresh check of" in str(e.get("msg")) for e in daemon.logs()) >= 2,
+    # two checks that ended, one after the other (one pull at a time)
+    wait_for(lambda: sum("unchanged at its source" in str(e.get("msg")) for e in daemon.logs()) >= 2,
                what="two refresh checks")
 
     assert abs(used_marker.stat().st_mtime - hours_ago) < 1

@@ -163,8 +163,11 @@ class PullSlot:
                 extra={"model": label, "evicted": list(result.evicted)},
             )
         if running.job.refresh:
+            # each check logs its end too: "busy" in a verify run meanwhile then has an explanation
+            found = "unchanged at its source"
             if result.fetched_bytes:
-                log.info("%s changed at its source and was refreshed", label, extra={"model": label})
+                found = "changed at its source and was refreshed"
+            log.info("%s %s", label, found, extra={"model": label})
         else:
             margin = self._margin_s(model_id)
             self._observer.pull_succeeded(label, result.elapsed_s, margin)

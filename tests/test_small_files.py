@@ -24,8 +24,8 @@ from modelsync.core.parts import RemoteFile, plan_pull
 from modelsync.core.refs import parse_source
 from modelsync.core.send_gate import SendGate
 from modelsync.engine.ensure import PullResult, ReadyOptions, ensure_ready
+from modelsync.engine.file_pull import BATCH_FILES, batch_size, in_batches
 from modelsync.engine.ports import Backends, OpenBackends, RangeRequest
-from modelsync.engine.pull import BATCH_FILES, batch_size, in_batches
 from modelsync.engine.rules import pull_rules
 from modelsync.engine.throttle import StoreGate
 from modelsync.engine.transfer_threads import TransferThreads

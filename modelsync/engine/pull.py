@@ -4,11 +4,12 @@ Shape of a pull (the caller, engine/ensure.py, holds the model's lock):
 1. Learn the files: the manifest when there is one, else a listing.
 2. Plan the parts still missing, given the journal of an interrupted pull;
    hard-link files the cache already holds (engine/dedup.py); claim the space.
-3. Fetch parts through one sliding window (engine/fetch.py); each body is
-   written at its offset in a staging file by a transfer thread.
+3. Fetch each file (engine/file_pull.py) through one sliding window
+   (engine/fetch.py); each body is written at its offset in a staging file by a
+   transfer thread.
 4. When a file's last part lands, check its digest (core/verify.py) against the
    manifest or the ETag, and enter it in the verification ledger
-   (engine/ledger.py); a mismatch refetches the file once. When the model's
+   (engine/ledger.py); a mismatch refetches the file. When the model's
    signature is in play, SHA-256 is computed in the same pass.
 5. Final check (engine/trust.py): the signature lists exactly these files and
    digests, and the safetensors headers add up; else nothing is made ready.
@@ -23,48 +24,34 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import replace
+from collections.abc import Collection
 from pathlib import Path
 from typing import NamedTuple
 
 from modelsync.adapters.cache import JournalState, ModelLock
-from modelsync.adapters.digest import PrefixHasher
 from modelsync.core.nesting import check_not_nested
-from modelsync.core.parts import FileWork, PullPlan, RemoteFile, layout_bytes, plan_parts, plan_pull
+from modelsync.core.parts import PullPlan, layout_bytes, plan_parts, plan_pull
 from modelsync.core.units import format_bytes
-from modelsync.core.verify import (
-    after_corrupt_fetch,
-    md5_part_bytes,
-    misstated_size,
-    needs_first_part,
-    restart,
-    unchanged,
-)
+from modelsync.core.verify import unchanged
 from modelsync.engine.catalog import Catalog, open_catalog
 from modelsync.engine.dedup import link_copies
 from modelsync.engine.events import PullEvents
 from modelsync.engine.evict import make_room, wait_for_room
-from modelsync.engine.fetch import FetchWindow, whole_file
+from modelsync.engine.fetch import FetchWindow
+from modelsync.engine.file_pull import FilePuller, batch_size, in_batches
 from modelsync.engine.holder_note import ProgressNote
 from modelsync.engine.ledger import VerificationLedger
-from modelsync.engine.part_transfer import FailedTry
 from modelsync.engine.ports import Backends
 from modelsync.engine.pull_job import PullJob
 from modelsync.engine.source import source_files
 from modelsync.engine.supervise import Abort, supervise
 from modelsync.engine.tasks import first_error
 from modelsync.engine.trust import SignatureCheck, final_check
-from modelsync.errors import ChecksumMismatchError, DiskFullError, ObjectChangedError
+from modelsync.errors import DiskFullError
 
 #: files in progress at once (a batch of small files counts as one); bounds open descriptors
 #: and per-file state
 MAX_OPEN_FILES = 64
-#: small files a transfer thread fetches in one trip at most (`_small_files`): one hand-off each
-#: way for the batch instead of a task, a gate, a URL and two hand-offs for every file
-BATCH_FILES = 16
-#: trips each transfer thread gets at least while a model's small files last, so none idles
-BATCHES_PER_THREAD = 4
 
 
 class Pulled(NamedTuple):
@@ -121,6 +108,9 @@ class _Puller:
         self.ledger = VerificationLedger(self.staging.journal)
         self.signature = SignatureCheck(job.source, job.rules.signature, job.rules.signature_name)
         self.window = FetchWindow(job, backends, self.staging, events)
+        self.files = FilePuller(
+            self.ref, self.store, self.staging, self.window, self.ledger, self.signature, events
+        )
         self.evicted: tuple[str, ...] = ()
 
     def close(self) -> None:
@@ -184,48 +174,22 @@ class _Puller:
         self.events.planned(len(plan.files), plan.total_bytes, to_fetch)
         file_slots = asyncio.Semaphore(MAX_OPEN_FILES)
         ordered = self.signature.ordered(plan.files)
-        batch = batch_size(sum(map(self._batchable, ordered)), self.settings.concurrency)
+        files = self.files
+        batch = batch_size(sum(map(files.batchable, ordered)), self.settings.concurrency)
         with first_error():
             async with asyncio.TaskGroup() as tg:
-                for item in in_batches(ordered, self._batchable, batch):
+                for item in in_batches(ordered, files.batchable, batch):
                     await file_slots.acquire()
                     if isinstance(item, list):
-                        task = tg.create_task(self._small_files(item))
+                        task = tg.create_task(files.small_files(item))
                     else:
                         known = state.files.get(item.file.path) == (
                             item.file.etag,
                             item.file.size_bytes,
                             layout_bytes(item.parts),
                         )
-                        task = tg.create_task(self._file(item, known=resume and known))
+                        task = tg.create_task(files.file(item, known=resume and known))
                     task.add_done_callback(lambda _t: file_slots.release())
-
-    def _batchable(self, work: FileWork) -> bool:
-        """A small file to fetch that `_small_files` can take (no store call before its GET)."""
-        f = work.file
-        return (
-            whole_file(work)
-            and f.path not in self.ledger
-            and not needs_first_part(f)
-            and not (self.signature.active and f.path == self.signature.name)
-        )
-
-    async def _small_files(self, works: list[FileWork]) -> None:
-        """Small files fetched and hashed in one trip to a transfer thread, then each verified as
-        `_file` verifies; the ones that did not land take `_file`'s whole path, which retries."""
-        tries = []
-        for work in works:
-            f = work.file
-            self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
-            tries.append((work, self._hasher(f, md5_part_bytes(f))))
-        tried = await self.window.fetch_once_each(tries)
-        for work, hasher in tries[: tried.landed]:
-            await self._file(work, known=True, tried=hasher)
-        if tried.landed < len(tries):
-            with first_error():
-                async with asyncio.TaskGroup() as tg:
-                    for i, (work, _hasher) in enumerate(tries[tried.landed :]):
-                        tg.create_task(self._file(work, known=True, tried=tried.failed if i == 0 else None))
 
     async def _make_ready(self, plan: PullPlan) -> Path:
         """The final check, then the record and the one rename that makes the model ready."""
@@ -238,86 +202,6 @@ class _Puller:
         path = await asyncio.to_thread(self.job.cache.make_ready, self.ref, self.staging, record)
         self.catalog.register(self.ref, record)
         return path
-
-    async def _file(self, work: FileWork, known: bool, tried: PrefixHasher | FailedTry | None = None) -> None:
-        """Fetch and verify one file; a changed object gets one fresh try, bad bytes up to
-        `CORRUPT_FETCHES` fetches in all, and the error says whether the store or the way was wrong.
-
-        `tried`: `_small_files` made the first attempt: the hasher of the file it fetched, to
-        verify, or how the attempt failed, to go on from.
-        """
-        f = work.file
-        if f.path in self.ledger:  # linked from a cached copy, or verified before a restart
-            return
-        changed, corrupt = False, list[str]()
-        while True:
-            f = work.file
-            if changed or corrupt or not known:
-                self.staging.journal.begin_file(f.path, f.etag, f.size_bytes, layout_bytes(work.parts))
-            try:
-                md5_part = await self._md5_part_bytes(f)
-                if isinstance(tried, PrefixHasher):
-                    digest = tried.digest()
-                else:
-                    digest = await self.window.fetch_file(work, self._hasher(f, md5_part), tried)
-                tried = None
-                self.events.verifying(f.path)
-                try:
-                    self.ledger.accept(f, digest, md5_part)
-                except ChecksumMismatchError as exc:
-                    corrupt.append(digest.xxh3_128)
-                    if (stop := after_corrupt_fetch(exc, corrupt)) is not None:
-                        raise stop from None
-                    self.events.refetching(work.missing_bytes)
-                    work = restart(work, f)
-                    continue
-                if self.signature.active and f.path == self.signature.name:
-                    await asyncio.to_thread(self.signature.signed, self.staging.dir)  # a bad one fails now
-                return
-            except ObjectChangedError:
-                if changed:
-                    raise
-                changed = True
-                fresh = await self.store.head(self.ref.bucket, f.key)
-                if fresh.etag == f.etag and fresh.size_bytes != f.size_bytes:
-                    # the same object at another size: the manifest is wrong, whichever part saw it first
-                    raise misstated_size(f"s3://{self.ref.bucket}/{f.key}", f, fresh.size_bytes) from None
-                work = restart(work, replace(f, size_bytes=fresh.size_bytes, etag=fresh.etag))
-                self.window.forget_url(f)
-
-    def _hasher(self, f: RemoteFile, md5_part: int | None) -> PrefixHasher:
-        """The digests a file's check needs: SHA-256 too when the pull verifies a signature."""
-        return PrefixHasher(f.size_bytes, md5_part, sha256=self.signature.active)
-
-    async def _md5_part_bytes(self, f: RemoteFile) -> int | None:
-        """How to slice the file for an ETag check, or None when the ETag proves nothing."""
-        first = None
-        if needs_first_part(f):
-            first = await self.store.first_part_bytes(self.ref.bucket, f.key)
-        return md5_part_bytes(f, first)
-
-
-def batch_size(batchable: int, concurrency: int) -> int:
-    """Small files per trip: up to `BATCH_FILES`, while every transfer thread still gets
-    `BATCHES_PER_THREAD` trips (a model's few side files go one a trip, all at once)."""
-    return max(1, min(BATCH_FILES, batchable // (BATCHES_PER_THREAD * concurrency)))
-
-
-def in_batches(
-    works: Iterable[FileWork], batchable: Callable[[FileWork], bool], size: int
-) -> Iterator[FileWork | list[FileWork]]:
-    """`works` in order: the batchable ones in lists of `size` (the last one shorter), the others alone."""
-    batch: list[FileWork] = []
-    for work in works:
-        if not batchable(work):
-            yield work
-            continue
-        batch.append(work)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _note_kept_part_size(plan: PullPlan, state: JournalState, wanted: int, events: PullEvents) -> None:

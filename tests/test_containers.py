@@ -236,7 +236,7 @@ def daemon(podman: Podman, node: Node) -> DaemonRun:
     wait_until(lambda: fetched(url) > 0, "metrics of the restarted daemon", 30, podman, container)
     restarted = DaemonRun(pod, container, url, grace_s, fetched_before_stop, stop_s, at_stop,
                           ready_after_stop, fetched(url))
-    podman("pod", "rm", "-f", pod, timeout_s=120)
+    node.remove(pod)
     pod = node.play("modelsync-daemon", template)
     container = f"{pod}-daemon"
     url = pod_url(podman, container)

@@ -99,14 +99,30 @@ class Podman:
         the restarted pod had just been given, the next pod got it too, and the daemon's
         connections to the store timed out until that pod ended.
         """
-        ids = [c["Id"] for c in json.loads(self("pod", "inspect", pod).stdout)["Containers"]]
+        ids = self.container_ids(pod)
         deadline = time.monotonic() + timeout_s
-        while True:
-            state = json.loads(self("pod", "inspect", pod).stdout)["State"]
-            busy = [args for args in _command_lines() if "cleanup" in args and any(i in args for i in ids)]
-            if state == "Exited" and not busy:
-                return
-            assert time.monotonic() < deadline, f"pod {pod} unsettled: {state}, {len(busy)} left"
+        while json.loads(self("pod", "inspect", pod).stdout)["State"] != "Exited":
+            assert time.monotonic() < deadline, f"pod {pod} did not stop"
+            time.sleep(0.1)
+        self.wait_for_cleanups(ids, deadline)
+
+    def container_ids(self, pod: str) -> list[str]:
+        return [c["Id"] for c in json.loads(self("pod", "inspect", pod).stdout)["Containers"]]
+
+    def ended(self, pod: str) -> bool:
+        """Whether `pod`'s containers have stopped or are stopping (it is no longer Running)."""
+        return json.loads(self("pod", "inspect", pod).stdout)["State"] != "Running"
+
+    def remove_pod(self, pod: str) -> None:
+        """`pod rm -f`, then wait for the clean-ups of its containers (see `settle`)."""
+        ids = self.container_ids(pod)
+        self("pod", "rm", "-f", pod, timeout_s=120)
+        self.wait_for_cleanups(ids, time.monotonic() + 60)
+
+    @staticmethod
+    def wait_for_cleanups(ids: list[str], deadline: float) -> None:
+        while busy := [a for a in _command_lines() if "cleanup" in a and any(i in a for i in ids)]:
+            assert time.monotonic() < deadline, f"{len(busy)} clean-ups of {ids} left"
             time.sleep(0.1)
 
     def cleanup(self) -> list[str]:

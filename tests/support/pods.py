@@ -75,6 +75,8 @@ class Node:
         for name, configmap in self.configmaps.items():
             configmap["metadata"]["name"] = podman.made("volume", f"{name}-{SESSION}")
         self.secret = f"{SECRET}-{SESSION}"
+        #: pods played that have not yet been seen to stop and settle, oldest first
+        self._played: list[str] = []
 
     def create_secret(self, data: dict[str, str]) -> None:
         """The Secret modelsync-s3-credentials, with the daemon's keys (see the module's docstring)."""
@@ -112,9 +114,21 @@ class Node:
         path = self.workdir / f"{pod_name}.yaml"
         # No folded lines: podman's YAML parser misreads PyYAML's escaped line continuations.
         path.write_text(yaml.safe_dump_all([*self.configmaps.values(), pod], sort_keys=False, width=2**20))
+        # A pod that ran to its end releases its address in clean-ups after it stopped (see
+        # `Podman.settle`): the next pod must not be given that address while they run.
+        for earlier in [p for p in self._played if self.podman.ended(p)]:
+            self.podman.settle(earlier)
+            self._played.remove(earlier)
         self.podman.made("pod", pod_name)
         self.podman("kube", "play", str(path), timeout_s=180)
+        self._played.append(pod_name)
         return pod_name
+
+    def remove(self, pod: str) -> None:
+        """Remove a played pod, and wait until podman is done with its address."""
+        self.podman.remove_pod(pod)
+        if pod in self._played:
+            self._played.remove(pod)
 
     def localize(self, spec: Obj) -> Obj:
         """The changes of the module's docstring, on one pod spec."""

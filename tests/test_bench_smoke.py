@@ -181,3 +181,20 @@ def test_the_ceiling_reads_the_pulls_ready_path_past_py_spys_own_lines() -> None
     assert printed_path(stdout) == Path("/dest/cache/models/org/m/r1")
     assert printed_path("py-spy> Stopped sampling because process exited\n") is None
 
+
+
+def test_the_ceilings_slope_counts_the_signature_bundles_check_as_start_up() -> None:
+    from bench.ceiling import RATE_HZ, Pair, Sample, slopes
+    from bench.data import DataSet
+
+    def pulled(size: str, steady: int, bundle: int) -> Sample:
+        frames = {"engine.pull.run": steady, "adapters.oms.verify_bundle": bundle}
+        return Sample("main", "tmpfs-signed", size, 1, (steady + bundle) / RATE_HZ, 1.0, 2.0, frames)
+
+    pair = Pair(DataSet("big", ()), DataSet("small", ()), 6.0, 2.0)
+    # the bundle's check held the lock 0.9 s in the small pull and 0.4 s in the big one
+    samples = [pulled("big", 120, 80), pulled("small", 40, 180)]
+    ((per_gib, startup_s, load),) = slopes(samples, "main", "tmpfs-signed", pair)
+    assert per_gib == pytest.approx((120 - 40) / RATE_HZ / 4)  # 0.10 s/GiB; -0.025 with the check
+    assert startup_s == pytest.approx((40 + 180) / RATE_HZ - per_gib * 2)  # the check stays in the start-up
+    assert load == 2.0

@@ -273,10 +273,53 @@ def run_main(prog: str, run: Callable[[contextlib.ExitStack], int]) -> int:
 
 
 def machine_info() -> dict[str, object]:
-    """What a result was measured on, and how busy the (shared) machine was at the end."""
+    """What a result was measured on, and how busy the (shared) machine was at the end.
+
+    Runs on different days may be on different VMs: the CPU, the kernel's mitigations (a return
+    thunk slows interpreted code more than Go's) and the time of a fixed interpreted loop say
+    whether two records can be compared at all.
+    """
     return {"cpus": os.cpu_count(), "kernel": platform.release(),
             "python": platform.python_version(), "machine": platform.machine(),
+            "cpu_model": _cpu_model(), "mitigations": _mitigations(),
+            "interpreter_loop_ms": interpreter_loop_ms(),
             "loadavg_at_end": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _mitigations() -> dict[str, str]:
+    """The kernel's CPU vulnerability entries that are not "Not affected"."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for entry in sorted(Path("/sys/devices/system/cpu/vulnerabilities").iterdir()):
+            state = entry.read_text().strip()
+            if state != "Not affected":
+                found[entry.name] = state
+    return found
+
+
+def interpreter_loop_ms(rounds: int = 5) -> float:
+    """The fastest of `rounds` runs of a fixed pure-Python loop (calls, a dict, arithmetic)."""
+    def step(i: int, seen: dict[int, int]) -> int:
+        seen[i & 1023] = i
+        return i * 3 % 7
+
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        seen: dict[int, int] = {}
+        total = 0
+        for i in range(200_000):
+            total += step(i, seen)
+        best = min(best, time.perf_counter() - start)
+    return round(best * 1000, 1)
 
 
 def ensure_tools(need: set[str]) -> None:

@@ -198,3 +198,13 @@ def test_the_ceilings_slope_counts_the_signature_bundles_check_as_start_up() -> 
     assert per_gib == pytest.approx((120 - 40) / RATE_HZ / 4)  # 0.10 s/GiB; -0.025 with the check
     assert startup_s == pytest.approx((40 + 180) / RATE_HZ - per_gib * 2)  # the check stays in the start-up
     assert load == 2.0
+
+
+def test_a_bench_record_says_which_cpu_kernel_mitigations_and_interpreter_speed_it_ran_on() -> None:
+    from bench.harness import machine_info
+
+    info = machine_info()
+    assert info["cpu_model"] and info["kernel"]
+    assert isinstance(info["mitigations"], dict)
+    assert "Not affected" not in info["mitigations"].values()
+    assert isinstance(info["interpreter_loop_ms"], float) and info["interpreter_loop_ms"] > 0

@@ -227,6 +227,7 @@ def daemon(podman: Podman, node: Node) -> DaemonRun:
     assert not ready_after_stop, f"the pull ended before the stop landed (podman stop took {stop_s:.1f} s)"
     podman.settle(pod)
     podman("start", container)
+    podman.pin_bridge_address()  # the bridge is made again when the pod was its last port
     url = pod_url(podman, container)  # a restarted container gets a new address from podman 4.3
 
     def staged() -> bool:

@@ -59,6 +59,12 @@ def podman_env() -> dict[str, str]:
     return {**os.environ, "CONTAINERS_CONF": str(CONF)}
 
 
+#: the network `podman kube play` puts pods on
+KUBE_NETWORK = "podman-default-kube-network"
+#: /sys/class/net/*/addr_assign_type of an address set by hand (NET_ADDR_SET)
+_ADDR_SET = "3"
+
+
 class Podman:
     """podman calls with the project's settings; what is made through it is removed by `cleanup`."""
 
@@ -105,6 +111,24 @@ class Podman:
             assert time.monotonic() < deadline, f"pod {pod} did not stop"
             time.sleep(0.1)
         self.wait_for_cleanups(ids, deadline)
+
+    def pin_bridge_address(self, network: str = KUBE_NETWORK) -> None:
+        """Fix the MAC address of `network`'s bridge at the one it has now, once per bridge.
+
+        netavark 1.4 (Debian 12) leaves a bridge's address to the kernel, which gives it the
+        lowest address among its ports: it changed three times in ten seconds as the tier's pods
+        came and went. A pod that resolved its gateway before a change sends to an address no
+        port answers until its neighbour entry expires (up to ~45 s): the daemon's connections
+        to the store on the host timed out four times in a row, in two full-suite runs. An
+        address set by hand is one the kernel keeps.
+        """
+        found = self("network", "inspect", network, "--format", "{{.NetworkInterface}}", check=False)
+        device = Path("/sys/class/net", found.stdout.strip())
+        if found.returncode != 0 or not found.stdout.strip() or not device.exists():
+            return
+        if (device / "addr_assign_type").read_text().strip() != _ADDR_SET:
+            address = (device / "address").read_text().strip()
+            subprocess.run(["ip", "link", "set", "dev", device.name, "address", address], check=True)
 
     def container_ids(self, pod: str) -> list[str]:
         return [c["Id"] for c in json.loads(self("pod", "inspect", pod).stdout)["Containers"]]

@@ -121,6 +121,7 @@ class Node:
             self._played.remove(earlier)
         self.podman.made("pod", pod_name)
         self.podman("kube", "play", str(path), timeout_s=180)
+        self.podman.pin_bridge_address()
         self._played.append(pod_name)
         return pod_name
 

@@ -182,7 +182,6 @@ def test_the_ceiling_reads_the_pulls_ready_path_past_py_spys_own_lines() -> None
     assert printed_path("py-spy> Stopped sampling because process exited\n") is None
 
 
-
 def test_the_ceilings_slope_counts_the_signature_bundles_check_as_start_up() -> None:
     from bench.ceiling import RATE_HZ, Pair, Sample, slopes
     from bench.data import DataSet

@@ -107,7 +107,7 @@ class Podman:
         """
         ids = self.container_ids(pod)
         deadline = time.monotonic() + timeout_s
-        while json.loads(self("pod", "inspect", pod).stdout)["State"] != "Exited":
+        while self.pod(pod)["State"] != "Exited":
             assert time.monotonic() < deadline, f"pod {pod} did not stop"
             time.sleep(0.1)
         self.wait_for_cleanups(ids, deadline)
@@ -130,12 +130,16 @@ class Podman:
             address = (device / "address").read_text().strip()
             subprocess.run(["ip", "link", "set", "dev", device.name, "address", address], check=True)
 
+    def pod(self, pod: str) -> dict[str, Any]:
+        """`podman pod inspect`: the pod's state and its containers."""
+        return dict(json.loads(self("pod", "inspect", pod).stdout))
+
     def container_ids(self, pod: str) -> list[str]:
-        return [c["Id"] for c in json.loads(self("pod", "inspect", pod).stdout)["Containers"]]
+        return [c["Id"] for c in self.pod(pod)["Containers"]]
 
     def ended(self, pod: str) -> bool:
         """Whether `pod`'s containers have stopped or are stopping (it is no longer Running)."""
-        return json.loads(self("pod", "inspect", pod).stdout)["State"] != "Running"
+        return self.pod(pod)["State"] != "Running"
 
     def remove_pod(self, pod: str) -> None:
         """`pod rm -f`, then wait for the clean-ups of its containers (see `settle`)."""

@@ -51,6 +51,39 @@ from support.motoserver import SubprocessMoto, ThreadedMoto
 from support.s3env import FOREIGN_AWS_VARS, S3Env
 from support.seaweedfs import Identity, SeaweedFS
 
+# ---- xdist groups -------------------------------------------------------------------
+
+
+#: why a test must not run: its xdist_group mark was ignored (see below)
+_UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail the tests whose `xdist_group` mark was ignored: the tiers marked with one (the
+    SeaweedFS server, the container tier's image and pods) must share one worker.
+
+    pytest-xdist's `--dist loadgroup` groups tests by an `@group` suffix it appends to each
+    marked test's node id on the worker; pytest 9 no longer reads the attribute it sets, so
+    the marks were silently ignored and every worker built its own image, played its own
+    daemon pods and started its own SeaweedFS."""
+    if not config.getvalue("loadgroup"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[_UNGROUPED] = (
+                "pytest-xdist ignored this test's xdist_group mark, so its tier would run on "
+                "several workers at once; install the pytest pyproject.toml names"
+            )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = item.stash.get(_UNGROUPED, None)
+    if reason:
+        pytest.fail(reason, pytrace=False)
+
+
 # ---- S3: in-thread moto ------------------------------------------------------------
 
 

@@ -54,8 +54,8 @@ from support.seaweedfs import Identity, SeaweedFS
 # ---- xdist groups -------------------------------------------------------------------
 
 
-#: why a test must not run: its xdist_group mark was ignored (see below)
-_UNGROUPED = pytest.StashKey[str]()
+#: marks a test whose xdist_group mark was ignored (see below)
+_UNGROUPED = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(trylast=True)
@@ -66,22 +66,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pytest-xdist's `--dist loadgroup` groups tests by an `@group` suffix it appends to each
     marked test's node id on the worker; pytest 9 no longer reads the attribute it sets, so
     the marks were silently ignored and every worker built its own image, played its own
-    daemon pods and started its own SeaweedFS."""
-    if not config.getvalue("loadgroup"):
+    daemon pods and started its own SeaweedFS. `loadgroup` is an option of xdist's workers
+    only: a run without `-n` has none."""
+    if not config.getoption("loadgroup", default=False):
         return
     for item in items:
         if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
-            item.stash[_UNGROUPED] = (
-                "pytest-xdist ignored this test's xdist_group mark, so its tier would run on "
-                "several workers at once; install the pytest pyproject.toml names"
-            )
+            item.stash[_UNGROUPED] = True
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    reason = item.stash.get(_UNGROUPED, None)
-    if reason:
-        pytest.fail(reason, pytrace=False)
+    if item.stash.get(_UNGROUPED, False):
+        pytest.fail(
+            "pytest-xdist ignored this test's xdist_group mark, so its tier would run on several "
+            "workers at once; install the pytest pyproject.toml names",
+            pytrace=False,
+        )
 
 
 # ---- S3: in-thread moto ------------------------------------------------------------

@@ -264,8 +264,8 @@ def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its
     PLAN_TOLERANCE of when the last node was done, but for the spread of the nodes' first GETs,
     which the plan leaves out. Then again, each node capped at the plan's
     suggested `--max-bandwidth`: the plan at that cap holds too, the store sends no 503, and the
-    last node is later by no more than the plan says the cap's headroom costs, plus the spread of
-    the nodes' first GETs."""
+    last node is later by no more than the plan says the cap costs (its rounding down: the cap
+    asks for what the saturated store delivers anyway), plus the spread of the nodes' first GETs."""
     assert PLAN_NODES >= 16, "the measured pool is at least 16 nodes"
     files = {f"model-{i:05d}-of-00004.safetensors.bin": os.urandom(MODEL_MIB * MiB // 4) for i in range(4)}
     ref = publish(seaweed_admin, tmp_path, f"s3://{seaweed_bucket}/org/pool/rev1/", files)
@@ -321,8 +321,8 @@ def test_the_plan_predicts_the_last_node_of_a_measured_pool_with_and_without_its
             f"first GETs {run.start_spread_s:.1f} s apart"
         )
     assert capped.throttled == 0, "nodes at the suggested cap must draw no 503"
-    # The cap leaves the store a tenth of its egress: the plan says what that costs the pool, and
-    # it may cost no more, but for the start spread the plan leaves out: a capped node that starts
-    # late cannot catch up, an uncapped one takes the egress the others leave.
+    # The cap asks for what a saturated store delivers: the plan says what that costs the pool (its
+    # rounding down), and it may cost no more, but for the start spread the plan leaves out: a
+    # capped node that starts late cannot catch up, an uncapped one takes the egress the others leave.
     cost_s = capped_plan["fill_s"] - plan["fill_s"] + capped.start_spread_s
     assert capped.last_done_s <= uncapped.last_done_s + cost_s, "the suggested cap cost more than planned"

@@ -2,27 +2,34 @@
 
 A node plan (core/plan.py) times each fetch at the node's own rate. A pool whose
 nodes open the same window pulls N copies of every model through one store, so
-each node gets at most its share of the store's egress:
+each node gets at most its share of what the store delivers:
 
-    per-node rate = min(node rate, store rate / N)
+    per-node rate = min(node rate, 0.9 × store rate / N)
+
+A store at its egress limit delivers about nine tenths of it: one that sheds load
+near saturation (AIStor, S3 at its link) answers new GETs with 503 SlowDown while
+its streams run on, and refused nodes finish alone while it idles. Measured on a
+pool of 16 against a store that sheds (docs/schedule.md, "The pool plan against a
+measured pool"), uncapped nodes drew 80-92% of its egress and nodes capped at 90% of
+their share 89%; a store that never refused would deliver the last tenth too, and
+the plan would then be a tenth late, inside the ±15% the measured pool is held to.
 
 Every node runs the same plan, in the same order, from the same instant, so the
 pool's timeline is the node plan walked at that rate, and the last node has a
 model when that walk reaches it. Filling the pool with what is wanted now takes
 
-    fill = N × bytes to fetch / min(store rate, N × node rate)
+    fill = N × bytes to fetch / min(0.9 × store rate, N × node rate)
 
-e.g. 100 nodes × 700 GB at 50 GB/s of store egress: 70 TB / 50 GB/s = 23m20s,
+e.g. 100 nodes × 700 GB at 50 GB/s of store egress: 70 TB / 45 GB/s = 25m56s,
 however fast each node is.
 
 A model is late *because of the store* when one node alone would have it before
 its window opens but the last node of the pool would not. Two suggestions follow:
 
-- cap each node below the store's share (`--max-bandwidth` = 9/10 of store rate / N,
-  rounded down, by at most a tenth): a faster node only draws 503 SlowDown and slows
-  the others, and nodes capped at exactly the share ask for all of the store's egress
-  together, which a store that sheds load near saturation (AIStor, S3 at its link)
-  answers with 503s too. The plan times the pool at that cap as well;
+- cap each node at the pace a saturated store keeps (`--max-bandwidth` = 9/10 of
+  store rate / N, rounded down, by at most a tenth): the pool is as fast, and the
+  store refuses none of it, where uncapped nodes draw 503s and finish seconds apart.
+  The plan times the pool at that cap as well;
 - start earlier: lead = the model's lead + how late the last node is, rounded up
   to a minute. A window that is already open (or `always`) has no lead to change.
 
@@ -50,10 +57,11 @@ _MIN_UNIT_COUNT = 10
 _BINARY_RATE_UNITS = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("ki", 2**10))
 #: more nodes than any pool has: a typo, and a share that rounds to nothing
 MAX_POOL_NODES = 100_000
-#: the suggested cap is this part of the store's share: N capped nodes leave a tenth of its
-#: egress spare, so a store that refuses new GETs when (nearly) saturated refuses none
-#: (docs/schedule.md, "The pool plan against a measured pool")
-SUGGESTED_SHARE = 0.9
+#: the part of its egress a saturated store delivers to the pool, and so the part of the store's
+#: share the suggested cap asks for: N capped nodes leave the rest spare, so a store that refuses
+#: new GETs when (nearly) saturated refuses none (docs/schedule.md, "The pool plan against a
+#: measured pool")
+STORE_GOODPUT = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +85,21 @@ class PoolShare:
         return self.store_bytes_per_s / self.nodes
 
     @property
+    def delivered_share_bytes_per_s(self) -> float:
+        """The share of what a saturated store delivers: STORE_GOODPUT of the even share."""
+        return self.share_bytes_per_s * STORE_GOODPUT
+
+    @property
     def per_node_bytes_per_s(self) -> float:
         """What each node gets when all pull at once."""
         if self.node_bytes_per_s is None:
-            return self.share_bytes_per_s
-        return min(self.node_bytes_per_s, self.share_bytes_per_s)
+            return self.delivered_share_bytes_per_s
+        return min(self.node_bytes_per_s, self.delivered_share_bytes_per_s)
 
     @property
     def store_bound(self) -> bool:
-        """True when the store, not the node, sets the pace."""
-        return self.node_bytes_per_s is None or self.node_bytes_per_s > self.share_bytes_per_s
+        """True when the store, not the node, sets the pace: the pool asks for more than it delivers."""
+        return self.node_bytes_per_s is None or self.node_bytes_per_s > self.delivered_share_bytes_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +156,7 @@ class PoolPlan:
 
     @property
     def suggested_max_bandwidth_bytes_per_s(self) -> int | None:
-        """SUGGESTED_SHARE of the store's share per node, rounded down to what `rate_flag` prints;
+        """STORE_GOODPUT of the store's share per node, rounded down to what `rate_flag` prints;
         None when that is below the smallest cap (`--max-bandwidth 0` would mean no cap at all)."""
         return _suggested_cap(self.share)[0]
 
@@ -183,7 +196,7 @@ def rate_flag(bytes_per_s: float) -> str:
 
 def _suggested_cap(share: PoolShare) -> tuple[int, str] | tuple[None, None]:
     """The `--max-bandwidth` to suggest, or none when it would be below the smallest cap."""
-    rate = share.share_bytes_per_s * SUGGESTED_SHARE
+    rate = share.delivered_share_bytes_per_s
     if rate < MIN_RATE_CAP_BYTES_PER_S:
         return None, None
     return _round_down_rate(rate)
@@ -236,7 +249,11 @@ def pool_json(plan: PoolPlan) -> dict[str, object]:
 def render_pool(plan: PoolPlan) -> list[str]:
     """The pool section of `modelsync plan`: the shared rate, the fill time, one row per model."""
     share = plan.share
-    limit = "the store is the limit" if share.store_bound else "each node is the limit, the store has room"
+    limit = (
+        f"the store is the limit; saturated, it delivers {STORE_GOODPUT:.0%} of its egress"
+        if share.store_bound
+        else "each node is the limit, the store has room"
+    )
     alone = "" if share.node_bytes_per_s is None else f"; one node alone: {_rate(share.node_bytes_per_s)}"
     lines = [
         f"pool: {share.nodes} nodes share {_rate(share.store_bytes_per_s)} of store egress: "
@@ -248,8 +265,8 @@ def render_pool(plan: PoolPlan) -> list[str]:
     if share.store_bound and cap is not None and plan.suggested_fill_s is not None:
         capped_fill = _duration(plan.suggested_fill_s)
         lines.append(
-            f"suggest: --max-bandwidth {cap} per node ({SUGGESTED_SHARE:.0%} of the store's share: faster "
-            f"nodes only draw 503 SlowDown); capped so, the last node is done in {capped_fill}"
+            f"suggest: --max-bandwidth {cap} per node ({STORE_GOODPUT:.0%} of the store's share: the pace of "
+            f"a saturated store, without its 503 SlowDown); capped so, the last node is done in {capped_fill}"
         )
     elif share.store_bound:
         lines.append(

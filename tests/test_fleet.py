@@ -20,7 +20,8 @@ the model are small because the machine is small and shared: 16 node processes s
 its two cores. The plan is held against the last node done (its process's exit); each
 node notes when it had its last byte, was ready and ran its exit handlers, so what it
 does after the store's last byte is printed too (docs/schedule.md, "The pool plan
-against a measured pool").
+against a measured pool"). Run it without CPU-bound neighbours: two spinning processes
+beside it, even at nice 19, made the capped pool 19-62% late on two cores.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ its streams run on, and refused nodes finish alone while it idles. Measured on a
 pool of 16 against a store that sheds (docs/schedule.md, "The pool plan against a
 measured pool"), uncapped nodes drew 80-92% of its egress and nodes capped at 90% of
 their share 86-89%; a store that never refused would deliver the last tenth too, and
-the plan would then be a tenth late, inside the ±15% the measured pool is held to.
+its last node would come a tenth before the plan, inside the ±15% the measured pool is
+held to.
 
 Every node runs the same plan, in the same order, from the same instant, so the
 pool's timeline is the node plan walked at that rate, and the last node has a

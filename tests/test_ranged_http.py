@@ -326,6 +326,29 @@ def test_progress_is_reported_in_batches_not_once_per_buffer(target: int) -> Non
     assert progress == [len(DATA)], "48 buffers of 64 KiB, one report: each report holds the interpreter lock"
 
 
+def test_each_buffer_is_offered_once_written_in_order_and_never_beyond_the_bytes_written(target: int) -> None:
+    """What the file's hasher takes from the receive buffer (engine/hashing.py `FrontHasher`):
+    every buffer, at its file offset, once it is on disk; a body that breaks off offers no more
+    than it wrote."""
+    offered: list[tuple[int, bytes]] = []
+
+    def on_written(offset: int, data: memoryview) -> None:
+        assert _read(target, offset, len(data)) == bytes(data), "offered before it was written"
+        offered.append((offset, bytes(data)))
+
+    with ScriptedServer([serve_range, cut_after(300_000)]) as server, _client() as client:
+        client.fetch_into(RangeRequest(server.url(), 0, len(DATA), None), target, 0, None, on_written)
+        whole = list(offered)
+        offered.clear()
+        with pytest.raises(TransientFetchError):
+            cut_req = RangeRequest(server.url(), 1000, 2_000_000, None)
+            client.fetch_into(cut_req, target, 1000, None, on_written)
+    assert len(whole) > 1 and b"".join(d for _, d in whole) == DATA
+    assert [o for o, _ in whole] == [sum(len(d) for _, d in whole[:i]) for i in range(len(whole))]
+    cut = b"".join(d for _, d in offered)
+    assert offered[0][0] == 1000 and len(cut) <= 300_000 and cut == DATA[1000 : 1000 + len(cut)]
+
+
 def test_reset_mid_body_is_transient_and_keeps_the_bytes_received(target: int) -> None:
     with (
         ScriptedServer([cut_after(200_000, reset=True)]) as server,

@@ -67,9 +67,17 @@ class RangeFetcher(Protocol):
     """
 
     def fetch_into(
-        self, req: RangeRequest, fd: int, file_offset: int, on_progress: Callable[[int], None] | None = None
+        self,
+        req: RangeRequest,
+        fd: int,
+        file_offset: int,
+        on_progress: Callable[[int], None] | None = None,
+        on_written: Callable[[int, memoryview], None] | None = None,
     ) -> int:
-        """Write bytes `[req.start, req.end)` at `file_offset` of `fd`; the bytes written."""
+        """Write bytes `[req.start, req.end)` at `file_offset` of `fd`; the bytes written.
+
+        `on_written(offset, data)`: each stretch as it is written, in order, for the file's hasher.
+        """
 
     def close(self) -> None:
         """Abort: every transfer blocked in this fetcher returns at once, and no new one starts."""

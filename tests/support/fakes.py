@@ -109,7 +109,12 @@ class FakeFetcher:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fetch_into(
-        self, req: RangeRequest, fd: int, file_offset: int, on_progress: Callable[[int], None] | None = None
+        self,
+        req: RangeRequest,
+        fd: int,
+        file_offset: int,
+        on_progress: Callable[[int], None] | None = None,
+        on_written: Callable[[int, memoryview], None] | None = None,
     ) -> int:
         if self.closed.is_set():
             raise RuntimeError("the fetcher is closed")
@@ -126,6 +131,8 @@ class FakeFetcher:
         if key in self.corrupt:
             body = bytes(b ^ 0xFF for b in body)
         os.pwrite(fd, body, file_offset)
+        if on_written is not None:
+            on_written(file_offset, memoryview(body))
         with self._lock:
             self.fetches.append(Fetch(key, req.start, req.end))
         if on_progress is not None:

@@ -4,7 +4,9 @@ Two copies and no more: the kernel fills one preallocated buffer per thread
 (``recv_into``, with ``MSG_WAITALL`` on plain TCP so one call fills it), and
 ``os.pwrite`` writes each full buffer at its offset; both release the GIL. A
 body that breaks off still leaves every byte received on disk, and the error
-says how many, so the caller resumes exactly there.
+says how many, so the caller resumes exactly there. Each buffer, once written,
+is offered to ``on_written`` (the file's hasher takes it when it is at its
+front: engine/hashing.py), so it need not be read back from the page cache.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def receive_into_file(
     flags: int,
     limiter: RateLimiter | None,
     on_progress: Callable[[int], None] | None,
+    on_written: Callable[[int, memoryview], None] | None = None,
 ) -> int:
     """Receive ``want`` body bytes through ``buf`` (its first ``early`` already there) into ``fd``.
 
@@ -71,17 +74,27 @@ def receive_into_file(
             fill += n
             remaining -= n
             if fill == cap:
-                written += pwrite_all(fd, buf[:fill], file_offset + written)
+                written += _write(fd, buf[:fill], file_offset + written, on_written)
                 fill = 0
                 if on_progress is not None and written - reported >= PROGRESS_EVERY_BYTES:
                     on_progress(written - reported)
                     reported = written
         if fill:  # the tail, or a body that arrived whole with the head
-            written += pwrite_all(fd, buf[:fill], file_offset + written)
+            written += _write(fd, buf[:fill], file_offset + written, on_written)
     finally:
         if on_progress is not None and written > reported:
             on_progress(written - reported)
     return written
+
+
+def _write(
+    fd: int, data: memoryview, offset: int, on_written: Callable[[int, memoryview], None] | None
+) -> int:
+    """`pwrite_all`, then the written bytes to `on_written` while they are still in the buffer."""
+    n = pwrite_all(fd, data, offset)
+    if on_written is not None:
+        on_written(offset, data)
+    return n
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> int:

@@ -114,11 +114,13 @@ class RangeClient:
         fd: int,
         file_offset: int,
         on_progress: Callable[[int], None] | None = None,
+        on_written: Callable[[int, memoryview], None] | None = None,
     ) -> int:
         """GET ``req``'s range and write its body at ``file_offset`` of ``fd``.
 
         Blocks; returns the number of bytes written (always ``end - start``).
-        ``on_progress`` is called with each batch of bytes written.
+        ``on_progress`` is called with each batch of bytes written, ``on_written``
+        with each buffer written (its file offset and bytes), before the buffer is reused.
         """
         if not 0 <= req.start < req.end:
             raise ValueError(f"empty or negative range [{req.start}, {req.end})")
@@ -136,7 +138,7 @@ class RangeClient:
             tcp = self._wait_all and not isinstance(conn.sock, ssl.SSLSocket)
             flags = socket.MSG_WAITALL if tcp else 0
             return receive_into_file(
-                conn.sock, buf, early, want, fd, file_offset, flags, self._limiter, on_progress
+                conn.sock, buf, early, want, fd, file_offset, flags, self._limiter, on_progress, on_written
             )
 
         return self._exchanges.run(req.url, (req.start, req.end - 1), req.etag, req.headers, answer)

@@ -108,12 +108,17 @@ class Watched(FakeFetcher):
     lock = threading.Lock()
 
     def fetch_into(
-        self, req: RangeRequest, fd: int, file_offset: int, on_progress: Callable[[int], None] | None = None
+        self,
+        req: RangeRequest,
+        fd: int,
+        file_offset: int,
+        on_progress: Callable[[int], None] | None = None,
+        on_written: Callable[[int, memoryview], None] | None = None,
     ) -> int:
         with self.lock:
             self.started += req.end - req.start
             self.ahead.append(self.started - self.hashed)
-        return super().fetch_into(req, fd, file_offset, on_progress)
+        return super().fetch_into(req, fd, file_offset, on_progress, on_written)
 
 
 def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_completes(
@@ -125,7 +130,7 @@ def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_complet
     store.put_model(REF, files)
     fetcher = Watched(store)
     fetcher.ahead = []
-    feed = PrefixHasher.feed
+    feed, update = PrefixHasher.feed, PrefixHasher.update
 
     def slow_feed(self: PrefixHasher, fd: int, end: int) -> None:
         time.sleep(0.02)
@@ -134,7 +139,14 @@ def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_complet
         with Watched.lock:
             fetcher.hashed += self.position - before
 
+    def slow_update(self: PrefixHasher, data: memoryview) -> None:  # a transfer hashing its own bytes
+        time.sleep(0.02)
+        update(self, data)
+        with Watched.lock:
+            fetcher.hashed += len(data)
+
     monkeypatch.setattr(PrefixHasher, "feed", slow_feed)
+    monkeypatch.setattr(PrefixHasher, "update", slow_update)
     settings = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=2)
     backends = fake_backends(store, fetcher)
 

@@ -103,6 +103,11 @@ class PrefixHasher:
             self._update(view if n == len(view) else view[:n])
             self.position += n
 
+    def update(self, data: memoryview) -> None:
+        """Hash `data`, the bytes at `position`: a stretch still in a receive buffer, not read back."""
+        self._update(data)
+        self.position += len(data)
+
     def _update(self, data: memoryview) -> None:
         self._xxh.update(data)
         if self._sha256 is not None:

@@ -3,7 +3,10 @@
 At most `concurrency` GETs are in flight (a semaphore, not batches), each run
 by a transfer thread that writes the body at its offset in the staging file.
 A hasher follows each file's contiguous prefix of landed parts
-(engine/hashing.py); a part enters the window only while the bytes fetched
+(engine/hashing.py), taking the part at its position from the transfer's buffer
+as it is written; the window is shared evenly by the files being fetched
+(`Spread`), so a model of many shards comes in order and is hashed that way
+rather than read back. A part enters the window only while the bytes fetched
 ahead of the hashers stay within the backlog's budget (engine/backlog.py), so
 slow hashing paces the transfers instead of filling the page cache. A small
 file of one part is made in one trip to a transfer thread instead: created,
@@ -48,6 +51,29 @@ def whole_file(work: FileWork) -> bool:
     return not work.done and len(work.parts) == 1 and work.file.size_bytes <= WHOLE_FILE_MAX_BYTES
 
 
+class Spread:
+    """How many parts of one file may be in flight: the window shared evenly by the files still
+    being admitted, so that with a model of many shards each file's parts come in order and its
+    hasher takes them from the receive buffer (engine/hashing.py `FrontHasher`) instead of
+    reading them back; a model of one large file still gets the whole window for it."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+        self._files: set[asyncio.Event] = set()
+
+    def per_file(self) -> int:
+        return max(1, -(-self._concurrency // max(1, len(self._files))))
+
+    def join(self, freed: asyncio.Event) -> None:
+        self._files.add(freed)
+
+    def leave(self, freed: asyncio.Event) -> None:
+        """A file has admitted all its parts: the others may each have more in flight."""
+        self._files.discard(freed)
+        for other in self._files:
+            other.set()
+
+
 class FetchWindow:
     """One pull's transfers: the window, its backlog, the transfer threads, and the staging files."""
 
@@ -57,6 +83,7 @@ class FetchWindow:
         self._fetcher = backends.fetcher
         self._staging = staging
         self._window = asyncio.Semaphore(settings.concurrency)
+        self._spread = Spread(settings.concurrency)
         #: bytes fetched ahead of the hashers, so of page cache held: bounded (engine/backlog.py)
         self._backlog = Backlog(BACKLOG_WINDOWS * settings.concurrency * settings.part_size_bytes)
         #: the staging directory, opened for the first file (after the pull prepared it) and kept
@@ -166,22 +193,39 @@ class FetchWindow:
 
     async def _fetch_missing(self, work: FileWork, prefix: LandedPrefix) -> None:
         """The parts through the shared window, and one hasher following them, as one task group."""
-        into_file = functools.partial(self._parts.into_file, prefix.fd)
+        into_file = functools.partial(self._parts.into_file, prefix.fd, on_written=prefix.front.offer)
         land = self._parts.land
+        freed = asyncio.Event()  # set when one of its parts is done, or the spread widens
+        in_flight = 0
+
+        def done(_task: asyncio.Task[None]) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            freed.set()
+            self._window.release()
+
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._hashers.follow(prefix))
-            for part in work.missing:
-                await prefix.backlog.admit(part)
-                await self._window.acquire()
-                task = tg.create_task(land(work.file, part, into_file))
-                task.add_done_callback(lambda _t: self._window.release())
-                task.add_done_callback(functools.partial(prefix.land, part))
+            self._spread.join(freed)
+            try:
+                for part in work.missing:
+                    while in_flight >= self._spread.per_file():
+                        freed.clear()
+                        await freed.wait()
+                    await prefix.backlog.admit(part)
+                    await self._window.acquire()
+                    in_flight += 1
+                    task = tg.create_task(land(work.file, part, into_file))
+                    task.add_done_callback(done)
+                    task.add_done_callback(functools.partial(prefix.land, part))
+            finally:
+                self._spread.leave(freed)
 
     def _transfer_whole(self, f: RemoteFile, hasher: PrefixHasher, req: RangeRequest, start: int) -> int:
         """A one-part file (in a transfer thread): create it, GET it, hash it, close it.
 
         The first attempt starts from a new file; a retry resumes in the one it created.
-        Hashed from the page cache once the bytes have landed, as every other file is.
+        Hashed from the page cache once the bytes have landed: one read of at most a buffer.
         """
         with fs.storage_errors(self._staging.dir / f.path, f.size_bytes):
             fd = self._staging.open_file(f.path, f.size_bytes, fresh=start == 0, dir_fd=self._staging_fd)

@@ -1,15 +1,20 @@
 """The hand-off from transfers to hashing: a hasher follows each file's contiguous prefix of landed parts.
 
-So when a file's last part lands, the file is almost hashed. Hashing runs in
-the default executor's threads, a few files at a time (`HASH_SLOTS`, or one per
-usable core when SHA-256 is computed too), a turn of `HASH_TURN_BYTES` each;
-every turn frees its share of the backlog (engine/backlog.py) and, on disk,
-writes the hashed range behind.
+So when a file's last part lands, the file is almost hashed. The transfer of the
+part at a hasher's position feeds it each buffer as it is written (`FrontHasher`),
+so those bytes are hashed from the receive buffer and never read back: reading a
+landed part back from the page cache cost 0.87-0.89 CPU s/GiB on a 2-core VM, all
+of what a pull spent beyond rclone (BENCHMARKS.md, "A cold pull's timeline").
+What landed ahead of the hasher is read back in the default executor's threads, a
+few files at a time (`HASH_SLOTS`, or one per usable core when SHA-256 is computed
+too), a turn of `HASH_TURN_BYTES` each; every turn frees its share of the backlog
+(engine/backlog.py) and, on disk, writes the hashed range behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from modelsync.adapters import fs, writeback
 from modelsync.adapters.cache import Staging
@@ -25,11 +30,57 @@ HASH_SLOTS = 2
 HASH_TURN_BYTES = 32 * 1024 * 1024
 
 
+class FrontHasher:
+    """One file's hasher, fed by one thread at a time: whichever is at its position.
+
+    A transfer thread offers each buffer it wrote (`offer`); the hasher takes it when
+    the buffer starts where the hasher is and no one else is feeding it, and turns it
+    away otherwise: those bytes are read back later (`feed`, in a hash slot, which waits
+    while a transfer feeds). So bytes are hashed in file order, each once, whether
+    from a receive buffer or from the page cache.
+    """
+
+    def __init__(self, hasher: PrefixHasher) -> None:
+        self.hasher = hasher
+        #: on disk: everything before this offset is hashed and written behind
+        self.behind = 0
+        self._turn = threading.Condition()
+        self._feeding = False
+
+    def offer(self, offset: int, data: memoryview) -> None:
+        """Hash `data`, just written at `offset`, if the hasher is there and free (a transfer thread)."""
+        with self._turn:
+            if self._feeding or self.hasher.position != offset:
+                return
+            self._feeding = True
+        try:
+            self.hasher.update(data)
+        finally:
+            self._done()
+
+    def feed(self, fd: int, end: int) -> None:
+        """Read back and hash from the hasher's position to `end` (nothing if it is there already)."""
+        with self._turn:
+            while self._feeding:
+                self._turn.wait()
+            self._feeding = True
+        try:
+            self.hasher.feed(fd, end)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._turn:
+            self._feeding = False
+            self._turn.notify_all()
+
+
 class LandedPrefix:
     """How far from the front a file's parts have all landed, for its hasher to follow."""
 
     def __init__(self, work: FileWork, hasher: PrefixHasher, fd: int, backlog: FileBacklog) -> None:
         self.hasher = hasher
+        self.front = FrontHasher(hasher)
         self.fd = fd
         self.backlog = backlog
         self.grew = asyncio.Event()
@@ -64,29 +115,45 @@ class Hashers:
         self._slots = asyncio.Semaphore(sha256_slots())
 
     async def follow(self, prefix: LandedPrefix) -> None:
-        """Hash each stretch of the file as soon as every part before its end has landed, a turn at a time."""
+        """Hash each stretch of the file as soon as every part before its end has landed, a turn at a
+        time, unless its transfer hashed it already; free the backlog and write behind what is hashed."""
         loop = asyncio.get_running_loop()
-        hasher = prefix.hasher
-        while hasher.position < hasher.size_bytes:
-            await prefix.grew.wait()
-            prefix.grew.clear()
-            while hasher.position < prefix.end:
+        hasher, front, on_disk = prefix.hasher, prefix.front, self._staging.on_disk
+        while True:
+            if hasher.position < prefix.end or (on_disk and front.behind < hasher.position):
                 async with self._slots:
                     end = min(prefix.end, hasher.position + HASH_TURN_BYTES)
-                    await in_thread(loop.run_in_executor(None, self.hash, hasher, prefix.fd, end))
+                    await in_thread(loop.run_in_executor(None, self._turn, front, prefix.fd, end))
                 prefix.backlog.hashed(hasher.position)
+                continue
+            prefix.backlog.hashed(hasher.position)
+            if hasher.position >= hasher.size_bytes:
+                return
+            await prefix.grew.wait()
+            prefix.grew.clear()
 
     def hash(self, hasher: PrefixHasher, fd: int, end: int) -> None:
-        """Hash up to `end` (in a worker thread); on disk, then write the hashed range behind.
-
-        Waiting here until the range is on disk and dropping it from the page cache
-        keeps a pull's dirty and cached pages to what is in flight, instead of a model's
-        worth that the kernel must write back and reclaim while the download goes on:
-        that halved the CPU of a 6 GiB pull to XFS and ext4 (docs/perf-lab.md). Nothing
-        leaves the page cache before it is hashed.
-        """
+        """Hash a one-part file up to `end` (in its transfer thread); on disk, then write it behind."""
         start = hasher.position
         hasher.feed(fd, end)
-        if self._staging.on_disk:
+        self._write_behind(fd, start, hasher.position)
+
+    def _turn(self, front: FrontHasher, fd: int, end: int) -> None:
+        """A hash slot's turn (in a worker thread): read back and hash up to `end`, then write behind
+        all that is hashed, by this turn or by the transfers."""
+        front.feed(fd, end)
+        position = front.hasher.position
+        self._write_behind(fd, front.behind, position)
+        front.behind = position
+
+    def _write_behind(self, fd: int, start: int, end: int) -> None:
+        """On disk, wait until `[start, end)` is written and drop it from the page cache.
+
+        That keeps a pull's dirty and cached pages to what is in flight, instead of a model's
+        worth that the kernel must write back and reclaim while the download goes on: that
+        halved the CPU of a 6 GiB pull to XFS and ext4 (docs/perf-lab.md). Nothing leaves the
+        page cache before it is hashed.
+        """
+        if self._staging.on_disk and end > start:
             with fs.storage_errors(self._staging.dir):
-                writeback.write_behind(fd, start, hasher.position - start)
+                writeback.write_behind(fd, start, end - start)

@@ -204,9 +204,16 @@ class PartTransfer:
         """The object changed: its next part is signed afresh."""
         self._urls.forget(f)
 
-    def into_file(self, fd: int, req: RangeRequest, start: int) -> int:
-        """One ranged GET into the file (in a transfer thread); on disk, start writing it back."""
-        written = self._fetcher.fetch_into(req, fd, start, self._events.fetched)
+    def into_file(
+        self,
+        fd: int,
+        req: RangeRequest,
+        start: int,
+        on_written: Callable[[int, memoryview], None] | None = None,
+    ) -> int:
+        """One ranged GET into the file (in a transfer thread); on disk, start writing it back.
+        `on_written`: the file's hasher, offered each stretch as it is written."""
+        written = self._fetcher.fetch_into(req, fd, start, self._events.fetched, on_written)
         if self._staging.on_disk:
             writeback.start_writeback(fd, start, written)
         return written

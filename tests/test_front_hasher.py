@@ -1,0 +1,189 @@
+"""Hashing from the receive buffer: a file's hasher takes each buffer its transfers offer at its
+position and reads back only what landed ahead of it, and the digests are those of the file."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.fakes import FakeFetcher, FakeStore, fake_backends
+
+from modelsync.adapters.digest import PrefixHasher
+from modelsync.config import Settings
+from modelsync.core.refs import parse_source
+from modelsync.engine.ensure import ReadyOptions, ensure_ready
+from modelsync.engine.fetch import Spread
+from modelsync.engine.hashing import FrontHasher
+from modelsync.engine.ports import RangeRequest
+from modelsync.engine.rules import pull_rules
+
+REF = parse_source("s3://models/org/llm/r1/")
+PART = 4096
+
+
+def _file(path: Path, data: bytes) -> int:
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 40_000),
+    part=st.integers(1, 9_000),
+    chunk=st.integers(1, 5_000),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_parts_landing_in_any_order_and_offered_in_chunks_give_the_whole_file_digests(
+    tmp_path_factory: pytest.TempPathFactory, size: int, part: int, chunk: int, seed: int
+) -> None:
+    data = random.Random(seed).randbytes(size)
+    fd = _file(tmp_path_factory.mktemp("f") / "f.bin", data)
+    try:
+        front = FrontHasher(PrefixHasher(size, md5_part_bytes=part, sha256=True))
+        starts = list(range(0, size, part))
+        random.Random(seed + 1).shuffle(starts)
+        landed: set[int] = set()
+        for start in starts:  # each part's transfer offers its buffers as it writes them
+            end = min(start + part, size)
+            for at in range(start, end, chunk):
+                front.offer(at, memoryview(data)[at : min(at + chunk, end)])
+            landed.add(start)
+            prefix = 0  # then a hash slot reads back what landed behind the hasher
+            while prefix in landed:
+                prefix = min(prefix + part, size)
+            front.feed(fd, prefix)
+        front.feed(fd, size)
+        digest = front.hasher.digest()
+    finally:
+        os.close(fd)
+    assert digest.xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+    assert digest.sha256 == hashlib.sha256(data).hexdigest()
+    pieces = [data[i : i + part] for i in range(0, size, part)] or [b""]
+    assert digest.part_md5s == tuple(hashlib.md5(p).digest() for p in pieces)
+
+
+def test_an_offer_away_from_the_hasher_is_turned_away_and_read_back_later(tmp_path: Path) -> None:
+    data = os.urandom(3 * PART)
+    fd = _file(tmp_path / "f.bin", data)
+    try:
+        front = FrontHasher(PrefixHasher(len(data)))
+        front.offer(PART, memoryview(data)[PART : 2 * PART])  # ahead of the hasher: not taken
+        assert front.hasher.position == 0
+        front.offer(0, memoryview(data)[:PART])  # at its position: taken from the buffer
+        assert front.hasher.position == PART
+        front.feed(fd, 2 * PART)  # the part that landed ahead is read back
+        front.offer(2 * PART, memoryview(data)[2 * PART :])
+        assert front.hasher.digest().xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+    finally:
+        os.close(fd)
+
+
+def test_transfers_and_a_hash_slot_feeding_one_hasher_at_once_hash_each_byte_once_in_order(
+    tmp_path: Path,
+) -> None:
+    """Eight threads offer their parts' buffers while a ninth reads back whatever it can: whoever
+    feeds, the hasher sees the file's bytes once each, in order."""
+    part, n_parts, chunk = 64 * 1024, 8, 4096
+    data = os.urandom(part * n_parts)
+    fd = _file(tmp_path / "f.bin", data)
+    front = FrontHasher(PrefixHasher(len(data)))
+    landed = [threading.Event() for _ in range(n_parts)]
+
+    def transfer(i: int) -> None:
+        for at in range(i * part, (i + 1) * part, chunk):
+            front.offer(at, memoryview(data)[at : at + chunk])
+        landed[i].set()
+
+    def hash_slot() -> None:
+        for i in range(n_parts):
+            landed[i].wait()
+            front.feed(fd, (i + 1) * part)
+
+    threads = [threading.Thread(target=transfer, args=(i,)) for i in range(n_parts)]
+    threads.append(threading.Thread(target=hash_slot))
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert front.hasher.digest().xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "files", "per_file"), [(8, 0, 8), (8, 1, 8), (8, 3, 3), (8, 8, 1), (8, 64, 1)]
+)
+def test_the_window_is_shared_evenly_by_the_files_still_being_admitted(
+    concurrency: int, files: int, per_file: int
+) -> None:
+    spread = Spread(concurrency)
+    events = [asyncio.Event() for _ in range(files)]
+    for e in events:
+        spread.join(e)
+    assert spread.per_file() == per_file
+    if events:
+        spread.leave(events[0])
+        assert all(e.is_set() for e in events[1:]), "the others may widen"
+
+
+class Jittery(FakeFetcher):
+    """A store whose answers take 0-5 ms each: parts in flight together land in any order."""
+
+    def fetch_into(
+        self,
+        req: RangeRequest,
+        fd: int,
+        file_offset: int,
+        on_progress: Callable[[int], None] | None = None,
+        on_written: Callable[[int, memoryview], None] | None = None,
+    ) -> int:
+        time.sleep(random.random() * 0.005)
+        return super().fetch_into(req, fd, file_offset, on_progress, on_written)
+
+
+def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four files of eight parts through a window of four, from a store whose answers land in any
+    order: every byte is hashed once, and most from the receive buffer, not read back."""
+    files = {f"shard-{i}.bin": os.urandom(8 * PART) for i in range(4)}
+    store = FakeStore()
+    store.put_model(REF, files)
+    counted = {"inline": 0, "read back": 0}
+    lock = threading.Lock()
+    feed, update = PrefixHasher.feed, PrefixHasher.update
+
+    def counting_feed(self: PrefixHasher, fd: int, end: int) -> None:
+        before = self.position
+        feed(self, fd, end)
+        with lock:
+            counted["read back"] += self.position - before
+
+    def counting_update(self: PrefixHasher, data: memoryview) -> None:
+        update(self, data)
+        with lock:
+            counted["inline"] += len(data)
+
+    monkeypatch.setattr(PrefixHasher, "feed", counting_feed)
+    monkeypatch.setattr(PrefixHasher, "update", counting_update)
+    config = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=4)
+
+    backends = fake_backends(store, Jittery(store))
+    result = ensure_ready(pull_rules(config, REF), backends=backends, options=ReadyOptions())
+
+    for name, body in files.items():
+        assert (result.path / name).read_bytes() == body
+    total = sum(map(len, files.values()))
+    assert counted["inline"] + counted["read back"] == total
+    assert counted["inline"] >= 0.75 * total, counted

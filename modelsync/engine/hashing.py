@@ -37,42 +37,30 @@ class FrontHasher:
     the buffer starts where the hasher is and no one else is feeding it, and turns it
     away otherwise: those bytes are read back later (`feed`, in a hash slot, which waits
     while a transfer feeds). So bytes are hashed in file order, each once, whether
-    from a receive buffer or from the page cache.
+    from a receive buffer or from the page cache. The lock is held while feeding (the
+    digests release the interpreter lock as they run), and an offer never waits for it.
     """
 
     def __init__(self, hasher: PrefixHasher) -> None:
         self.hasher = hasher
         #: on disk: everything before this offset is hashed and written behind
         self.behind = 0
-        self._turn = threading.Condition()
-        self._feeding = False
+        self._feeding = threading.Lock()
 
     def offer(self, offset: int, data: memoryview) -> None:
         """Hash `data`, just written at `offset`, if the hasher is there and free (a transfer thread)."""
-        with self._turn:
-            if self._feeding or self.hasher.position != offset:
-                return
-            self._feeding = True
+        if not self._feeding.acquire(blocking=False):
+            return
         try:
-            self.hasher.update(data)
+            if self.hasher.position == offset:
+                self.hasher.update(data)
         finally:
-            self._done()
+            self._feeding.release()
 
     def feed(self, fd: int, end: int) -> None:
         """Read back and hash from the hasher's position to `end` (nothing if it is there already)."""
-        with self._turn:
-            while self._feeding:
-                self._turn.wait()
-            self._feeding = True
-        try:
+        with self._feeding:
             self.hasher.feed(fd, end)
-        finally:
-            self._done()
-
-    def _done(self) -> None:
-        with self._turn:
-            self._feeding = False
-            self._turn.notify_all()
 
 
 class LandedPrefix:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,26 +98,18 @@ def test_a_file_frees_its_parts_as_its_hasher_passes_them_and_the_rest_when_it_c
     assert asyncio.run(scenario()) == [40, 30, 20, 0]
 
 
-class Watched(FakeFetcher):
+class Watched:
     """Records, as each GET starts, how many bytes have been fetched ahead of the hashers."""
 
-    hashed = 0
-    started = 0
-    ahead: list[int]
-    lock = threading.Lock()
+    def __init__(self) -> None:
+        self.hashed = self.started = 0
+        self.ahead: list[int] = []
+        self.lock = threading.Lock()
 
-    def fetch_into(
-        self,
-        req: RangeRequest,
-        fd: int,
-        file_offset: int,
-        on_progress: Callable[[int], None] | None = None,
-        on_written: Callable[[int, memoryview], None] | None = None,
-    ) -> int:
+    def start(self, req: RangeRequest) -> None:
         with self.lock:
             self.started += req.end - req.start
             self.ahead.append(self.started - self.hashed)
-        return super().fetch_into(req, fd, file_offset, on_progress, on_written)
 
 
 def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_completes(
@@ -128,22 +119,22 @@ def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_complet
     files = {f"shard-{i}.bin": bytes((j * 7 + i) % 251 for j in range(24 * PART + 5)) for i in range(3)}
     store = FakeStore()
     store.put_model(REF, files)
-    fetcher = Watched(store)
-    fetcher.ahead = []
+    watched = Watched()
+    fetcher = FakeFetcher(store, on_start=watched.start)
     feed, update = PrefixHasher.feed, PrefixHasher.update
 
     def slow_feed(self: PrefixHasher, fd: int, end: int) -> None:
         time.sleep(0.02)
         before = self.position
         feed(self, fd, end)
-        with Watched.lock:
-            fetcher.hashed += self.position - before
+        with watched.lock:
+            watched.hashed += self.position - before
 
     def slow_update(self: PrefixHasher, data: memoryview) -> None:  # a transfer hashing its own bytes
         time.sleep(0.02)
         update(self, data)
-        with Watched.lock:
-            fetcher.hashed += len(data)
+        with watched.lock:
+            watched.hashed += len(data)
 
     monkeypatch.setattr(PrefixHasher, "feed", slow_feed)
     monkeypatch.setattr(PrefixHasher, "update", slow_update)
@@ -154,4 +145,4 @@ def test_a_pull_whose_hashing_lags_fetches_at_most_the_backlog_ahead_and_complet
 
     for name, body in files.items():
         assert (result.path / name).read_bytes() == body
-    assert max(fetcher.ahead) <= BACKLOG_WINDOWS * settings.concurrency * PART
+    assert max(watched.ahead) <= BACKLOG_WINDOWS * settings.concurrency * PART

@@ -9,7 +9,6 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from modelsync.core.refs import parse_source
 from modelsync.engine.ensure import ReadyOptions, ensure_ready
 from modelsync.engine.fetch import Spread
 from modelsync.engine.hashing import FrontHasher
-from modelsync.engine.ports import RangeRequest
 from modelsync.engine.rules import pull_rules
 
 REF = parse_source("s3://models/org/llm/r1/")
@@ -137,21 +135,6 @@ def test_the_window_is_shared_evenly_by_the_files_still_being_admitted(
         assert all(e.is_set() for e in events[1:]), "the others may widen"
 
 
-class Jittery(FakeFetcher):
-    """A store whose answers take 0-5 ms each: parts in flight together land in any order."""
-
-    def fetch_into(
-        self,
-        req: RangeRequest,
-        fd: int,
-        file_offset: int,
-        on_progress: Callable[[int], None] | None = None,
-        on_written: Callable[[int, memoryview], None] | None = None,
-    ) -> int:
-        time.sleep(random.random() * 0.005)
-        return super().fetch_into(req, fd, file_offset, on_progress, on_written)
-
-
 def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,7 +162,9 @@ def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back
     monkeypatch.setattr(PrefixHasher, "update", counting_update)
     config = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=4)
 
-    backends = fake_backends(store, Jittery(store))
+    # each answer takes 0-5 ms, so parts in flight together land in any order
+    jittery = FakeFetcher(store, on_start=lambda _req: time.sleep(random.random() * 0.005))
+    backends = fake_backends(store, jittery)
     result = ensure_ready(pull_rules(config, REF), backends=backends, options=ReadyOptions())
 
     for name, body in files.items():

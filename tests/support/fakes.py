@@ -98,7 +98,8 @@ class FakeFetcher:
     """Answers ranged GETs from a FakeStore, writing at the offset asked, as the range client does.
 
     `faults` maps an object key to the faults its next GETs meet, first one
-    first; `corrupt` keys get their bytes flipped. Each answered GET is recorded.
+    first; `corrupt` keys get their bytes flipped; `on_start` sees each GET as it
+    starts. Each answered GET is recorded.
     """
 
     store: FakeStore
@@ -106,6 +107,7 @@ class FakeFetcher:
     corrupt: set[str] = field(default_factory=set)
     fetches: list[Fetch] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
+    on_start: Callable[[RangeRequest], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fetch_into(
@@ -118,6 +120,8 @@ class FakeFetcher:
     ) -> int:
         if self.closed.is_set():
             raise RuntimeError("the fetcher is closed")
+        if self.on_start is not None:
+            self.on_start(req)
         bucket, _, key = req.url.removeprefix(_SCHEME).partition("/")
         with self._lock:
             queue = self.faults.get(key)

@@ -67,7 +67,6 @@ class LandedPrefix:
     """How far from the front a file's parts have all landed, for its hasher to follow."""
 
     def __init__(self, work: FileWork, hasher: PrefixHasher, fd: int, backlog: FileBacklog) -> None:
-        self.hasher = hasher
         self.front = FrontHasher(hasher)
         self.fd = fd
         self.backlog = backlog
@@ -106,7 +105,8 @@ class Hashers:
         """Hash each stretch of the file as soon as every part before its end has landed, a turn at a
         time, unless its transfer hashed it already; free the backlog and write behind what is hashed."""
         loop = asyncio.get_running_loop()
-        hasher, front, on_disk = prefix.hasher, prefix.front, self._staging.on_disk
+        front, on_disk = prefix.front, self._staging.on_disk
+        hasher = front.hasher
         while True:
             if hasher.position < prefix.end or (on_disk and front.behind < hasher.position):
                 async with self._slots:

@@ -268,7 +268,14 @@ def test_a_prefetch_waiting_on_the_daemon_stops_on_a_signal_and_a_rerun_gets_the
     schedule = tmp_path / "schedule.yaml"
     schedule.write_text(schedule_text([]))
     env = s3_env.subprocess_env()
-    daemon = start_daemon(schedule, env, "--allow", "s3://models/org/", "--max-bandwidth", "1Mi/s")
+    # 1 MiB parts one at a time: the daemon reports its first bytes after about a second and pulls
+    # for five more, so the signal reaches the prefetch while it waits. With the whole 6 MiB in one
+    # part, the first bytes were reported as the pull ended, and a pull that was ready tens of
+    # milliseconds later (the hash done as the bytes came) could answer the prefetch first.
+    daemon = start_daemon(
+        schedule, env, "--allow", "s3://models/org/", "--max-bandwidth", "1Mi/s",
+        "--part-size", "1Mi", "--concurrency", "1",
+    )  # fmt: skip
     argv = ("prefetch", ref.uri, "--cache-dir", str(daemon.cache))
     process = subprocess.Popen(
         [*MODELSYNC, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -5,8 +5,8 @@ file (TOML, `--config` / `MODELSYNC_CONFIG`) > default. Credentials are not
 settings: they come from the standard AWS chain (environment, shared files,
 web-identity token files) and are never printed.
 
-Memory bound of a pull: about `concurrency × read_chunk_bytes` of body buffers,
-1 MiB per thread that hashes (adapters/digest.py) and a fixed overhead; it does not
+Memory bound of a pull: about `concurrency × read_chunk_bytes` of body buffers (32 MiB
+by default), 1 MiB per thread that hashes (adapters/digest.py) and a fixed overhead; it does not
 grow with the model's size. The page cache it holds on disk is bounded too: at most
 `2 × concurrency × part_size_bytes` fetched and not yet hashed (engine/backlog.py),
 the rest written behind and dropped.
@@ -96,8 +96,11 @@ class Settings:
     backoff_floor_s: float = field(default=1.0, metadata={"env": "MODELSYNC_BACKOFF_FLOOR"})
     #: lifetime of a presigned GET URL, seconds; a URL is signed again before it runs out
     presign_expiry_s: float = field(default=900.0, metadata={"env": "MODELSYNC_PRESIGN_EXPIRY"})
-    #: bytes read from a response body per chunk: the unit of the memory bound
-    read_chunk_bytes: int = field(default=1 * MiB, metadata={"env": "MODELSYNC_READ_CHUNK"})
+    #: bytes read from a response body per chunk: the unit of the memory bound. Each buffer costs
+    #: a receive, a write and a hash call, each taking the interpreter lock again: at 4 MiB a pull
+    #: held the lock 0.07 s a GiB against 0.17 at 1 MiB, and spent a quarter less CPU
+    #: (BENCHMARKS.md, "The receive buffer")
+    read_chunk_bytes: int = field(default=4 * MiB, metadata={"env": "MODELSYNC_READ_CHUNK"})
     #: cache size budget (e.g. 500Gi, or 90% of the filesystem); None: only the disk's free space
     cache_budget: CacheBudget | None = field(default=None, metadata={"env": "MODELSYNC_CACHE_MAX_BYTES"})
     #: eviction starts when a pull would take the cache above high × budget ...

@@ -42,7 +42,7 @@ from modelsync.errors import DiskFullError
 #: a file of one part up to this size is created, fetched, hashed and closed in one trip to a
 #: transfer thread: for a model of many small files, the tasks and thread hand-offs of the
 #: general path cost more CPU than the bytes. It hashes outside the hash slots, so with this
-#: bound a transfer thread hashes one read of its 1 MiB buffer at most; larger files gain nothing.
+#: bound a transfer thread hashes one 1 MiB read back at most; larger files gain nothing.
 WHOLE_FILE_MAX_BYTES = 1024 * 1024
 
 

@@ -15,7 +15,7 @@ import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.fakes import FakeFetcher, FakeStore, fake_backends
+from support.fakes import FakeFetcher, FakeStore, cut_after, fake_backends
 
 from modelsync.adapters.digest import PrefixHasher
 from modelsync.config import Settings
@@ -135,14 +135,8 @@ def test_the_window_is_shared_evenly_by_the_files_still_being_admitted(
         assert all(e.is_set() for e in events[1:]), "the others may widen"
 
 
-def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Four files of eight parts through a window of four, from a store whose answers land in any
-    order: every byte is hashed once, and most from the receive buffer, not read back."""
-    files = {f"shard-{i}.bin": os.urandom(8 * PART) for i in range(4)}
-    store = FakeStore()
-    store.put_model(REF, files)
+def _count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Bytes hashed from a receive buffer ("inline") and read back, counted as the pull runs."""
     counted = {"inline": 0, "read back": 0}
     lock = threading.Lock()
     feed, update = PrefixHasher.feed, PrefixHasher.update
@@ -160,6 +154,18 @@ def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back
 
     monkeypatch.setattr(PrefixHasher, "feed", counting_feed)
     monkeypatch.setattr(PrefixHasher, "update", counting_update)
+    return counted
+
+
+def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four files of eight parts through a window of four, from a store whose answers land in any
+    order: every byte is hashed once, and most from the receive buffer, not read back."""
+    files = {f"shard-{i}.bin": os.urandom(8 * PART) for i in range(4)}
+    store = FakeStore()
+    store.put_model(REF, files)
+    counted = _count_hashed_bytes(monkeypatch)
     config = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=4)
 
     # each answer takes 0-5 ms, so parts in flight together land in any order
@@ -172,3 +178,27 @@ def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back
     total = sum(map(len, files.values()))
     assert counted["inline"] + counted["read back"] == total
     assert counted["inline"] >= 0.75 * total, counted
+
+
+def test_small_files_are_hashed_from_the_receive_buffer_and_a_broken_body_is_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files of one part are made whole in a transfer thread, a batch a trip: each hashed as it is
+    written; a body that breaks off is resumed, and what the broken try wrote is read back."""
+    files = {f"f-{i:03d}.bin": os.urandom(3 * PART + i) for i in range(40)}
+    store = FakeStore()
+    store.put_model(REF, files)
+    broken = f"{REF.prefix}f-007.bin"
+    fetcher = FakeFetcher(store, faults={broken: [cut_after(PART + 100)]})
+    counted = _count_hashed_bytes(monkeypatch)
+    config = Settings(cache_dir=tmp_path / "cache", concurrency=4)
+
+    backends = fake_backends(store, fetcher)
+    result = ensure_ready(pull_rules(config, REF), backends=backends, options=ReadyOptions())
+
+    for name, body in files.items():
+        assert (result.path / name).read_bytes() == body
+    total = sum(map(len, files.values()))
+    assert counted["inline"] + counted["read back"] == total
+    # the broken try's bytes are read back (the retry's hasher starts afresh), every other file's not
+    assert counted["read back"] == len(files["f-007.bin"]), counted

@@ -108,6 +108,12 @@ class PrefixHasher:
         self._update(data)
         self.position += len(data)
 
+    def take(self, offset: int, data: memoryview) -> None:
+        """Hash `data`, just written at `offset`, if it continues the prefix; bytes anywhere else
+        are left for `feed` to read back."""
+        if offset == self.position:
+            self.update(data)
+
     def _update(self, data: memoryview) -> None:
         self._xxh.update(data)
         if self._sha256 is not None:

@@ -225,13 +225,15 @@ class FetchWindow:
         """A one-part file (in a transfer thread): create it, GET it, hash it, close it.
 
         The first attempt starts from a new file; a retry resumes in the one it created.
-        Hashed from the page cache once the bytes have landed: one read of at most a buffer.
+        Hashed from the receive buffer as it is written; what an earlier, broken attempt
+        wrote is read back from the page cache.
         """
         with fs.storage_errors(self._staging.dir / f.path, f.size_bytes):
             fd = self._staging.open_file(f.path, f.size_bytes, fresh=start == 0, dir_fd=self._staging_fd)
         try:
-            written = self._parts.into_file(fd, req, start)
-            self._hashers.hash(hasher, fd, f.size_bytes)
+            hashed = hasher.position
+            written = self._parts.into_file(fd, req, start, on_written=hasher.take)
+            self._hashers.hash(hasher, fd, hashed, f.size_bytes)
         finally:
             os.close(fd)
         return written

@@ -52,8 +52,7 @@ class FrontHasher:
         if not self._feeding.acquire(blocking=False):
             return
         try:
-            if self.hasher.position == offset:
-                self.hasher.update(data)
+            self.hasher.take(offset, data)
         finally:
             self._feeding.release()
 
@@ -120,9 +119,9 @@ class Hashers:
             await prefix.grew.wait()
             prefix.grew.clear()
 
-    def hash(self, hasher: PrefixHasher, fd: int, end: int) -> None:
-        """Hash a one-part file up to `end` (in its transfer thread); on disk, then write it behind."""
-        start = hasher.position
+    def hash(self, hasher: PrefixHasher, fd: int, start: int, end: int) -> None:
+        """Hash the rest of a one-part file up to `end` (in its transfer thread), which took what it
+        could from its receive buffer; on disk, then write behind what it wrote from `start`."""
         hasher.feed(fd, end)
         self._write_behind(fd, start, hasher.position)
 

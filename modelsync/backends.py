@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from modelsync.adapters.http.rate_limit import TokenBucket, capped_read_bytes
-from modelsync.config import Settings
+from modelsync.config import Settings, receive_buffer_bytes
 from modelsync.core.retry import RetryPolicy
 from modelsync.engine.ports import Backends, OpenBackends, OpenWriter
 from modelsync.engine.throttle import store_gate
@@ -49,11 +49,12 @@ def s3_backends(settings: Settings) -> OpenBackends:
 
         limit = settings.max_bandwidth_bytes_per_s
         capped_read = capped_read_bytes(limit, settings.concurrency) if limit else None
+        buffer_bytes = receive_buffer_bytes(settings)
         client = RangeClient(
             ssl_context=data_plane_context(settings),
             connect_timeout_s=settings.connect_timeout_s,
             read_timeout_s=settings.read_timeout_s,
-            buffer_bytes=min(settings.read_chunk_bytes, capped_read or settings.read_chunk_bytes),
+            buffer_bytes=min(buffer_bytes, capped_read or buffer_bytes),
             rate_limiter=TokenBucket(limit) if limit else None,
             receive_buffer_bytes=capped_read,
         )

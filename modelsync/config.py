@@ -5,11 +5,11 @@ file (TOML, `--config` / `MODELSYNC_CONFIG`) > default. Credentials are not
 settings: they come from the standard AWS chain (environment, shared files,
 web-identity token files) and are never printed.
 
-Memory bound of a pull: about `concurrency × read_chunk_bytes` of body buffers (32 MiB
-by default), 1 MiB per thread that hashes (adapters/digest.py) and a fixed overhead; it does not
-grow with the model's size. The page cache it holds on disk is bounded too: at most
-`2 × concurrency × part_size_bytes` fetched and not yet hashed (engine/backlog.py),
-the rest written behind and dropped.
+Memory bound of a pull: about 32 MiB of body buffers (`receive_buffer_bytes`; more only at a
+concurrency above 32, or with `read_chunk_bytes` set), 1 MiB per thread that hashes
+(adapters/digest.py) and a fixed overhead; it does not grow with the model's size. The page
+cache it holds on disk is bounded too: at most `2 × concurrency × part_size_bytes` fetched and
+not yet hashed (engine/backlog.py), the rest written behind and dropped.
 """
 
 from __future__ import annotations
@@ -96,11 +96,9 @@ class Settings:
     backoff_floor_s: float = field(default=1.0, metadata={"env": "MODELSYNC_BACKOFF_FLOOR"})
     #: lifetime of a presigned GET URL, seconds; a URL is signed again before it runs out
     presign_expiry_s: float = field(default=900.0, metadata={"env": "MODELSYNC_PRESIGN_EXPIRY"})
-    #: bytes read from a response body per chunk: the unit of the memory bound. Each buffer costs
-    #: a receive, a write and a hash call, each taking the interpreter lock again: at 4 MiB a pull
-    #: held the lock 0.07 s a GiB against 0.17 at 1 MiB, and spent a quarter less CPU
-    #: (BENCHMARKS.md, "The receive buffer")
-    read_chunk_bytes: int = field(default=4 * MiB, metadata={"env": "MODELSYNC_READ_CHUNK"})
+    #: bytes read from a response body per chunk, the unit of the memory bound; None: chosen by
+    #: `receive_buffer_bytes`
+    read_chunk_bytes: int | None = field(default=None, metadata={"env": "MODELSYNC_READ_CHUNK"})
     #: cache size budget (e.g. 500Gi, or 90% of the filesystem); None: only the disk's free space
     cache_budget: CacheBudget | None = field(default=None, metadata={"env": "MODELSYNC_CACHE_MAX_BYTES"})
     #: eviction starts when a pull would take the cache above high × budget ...
@@ -143,6 +141,27 @@ class Settings:
     manifest: ManifestMode = field(default=ManifestMode.IF_PRESENT, metadata={"env": "MODELSYNC_MANIFEST"})
     #: per bucket or prefix: `[[manifest_rules]]` tables in the config file, a JSON list in the environment
     manifest_rules: tuple[ManifestRule, ...] = field(default=(), metadata={"env": "MODELSYNC_MANIFEST_RULES"})
+
+
+#: receive buffer per connection, unless the pull's buffers would pass RECEIVE_BUFFERS_BYTES. Each
+#: buffer costs a receive, a write and a hash call, each taking the interpreter lock again: at
+#: 4 MiB a pull held the lock 0.07-0.09 s a GiB against 0.17-0.22 at 1 MiB, and spent a quarter
+#: less CPU (BENCHMARKS.md, "The receive buffer")
+RECEIVE_BUFFER_BYTES = 4 * MiB
+#: what a pull's receive buffers take together at most, unless `read_chunk_bytes` says otherwise:
+#: a pod's memory limit sized for the default concurrency holds at any concurrency
+RECEIVE_BUFFERS_BYTES = 32 * MiB
+#: ... but never less than this a buffer: below it the lock time per GiB climbs (see above)
+MIN_RECEIVE_BUFFER_BYTES = 1 * MiB
+
+
+def receive_buffer_bytes(settings: Settings) -> int:
+    """Each connection's receive buffer: `read_chunk_bytes` when set, else 4 MiB while the pull's
+    buffers stay within 32 MiB (concurrency 8, the default), less beyond, 1 MiB at least."""
+    if settings.read_chunk_bytes is not None:
+        return settings.read_chunk_bytes
+    share = RECEIVE_BUFFERS_BYTES // settings.concurrency
+    return max(MIN_RECEIVE_BUFFER_BYTES, min(RECEIVE_BUFFER_BYTES, share))
 
 
 #: the system bundle is about 220 KiB

@@ -47,7 +47,7 @@ KiB = 1024
 MiB = 1024 * 1024
 DAY_S = 86400
 WEEK_S = 7 * DAY_S
-#: ranged GETs in flight: each holds a connection and a receive buffer (read_chunk_bytes)
+#: ranged GETs in flight: each holds a connection and a receive buffer (config.receive_buffer_bytes)
 MAX_CONCURRENCY = 256
 #: a download cap above a terabyte per second is no cap a node can reach: a typo
 MAX_RATE_BYTES_PER_S = 1024**4

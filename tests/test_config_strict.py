@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from support.cli import MODELSYNC, run_cli
 from support.s3env import S3Env
 
-from modelsync.config import CACHE_SETTINGS, Settings, load_settings
+from modelsync.config import CACHE_SETTINGS, Settings, load_settings, receive_buffer_bytes
 from modelsync.config_file import MAX_NESTING, check_text
 from modelsync.errors import CaBundleError, ConfigError
 
@@ -258,3 +258,31 @@ def test_cli_plan_is_not_stopped_by_a_signature_policy_it_does_not_use(tmp_path:
     )
     assert planned.returncode == 0, planned.stderr
     assert "pool p at " in planned.stdout
+
+
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "read_chunk", "buffer"),
+    [
+        (1, None, 4 * MiB),
+        (8, None, 4 * MiB),  # the defaults: 32 MiB of buffers
+        (16, None, 2 * MiB),
+        (32, None, 1 * MiB),
+        (256, None, 1 * MiB),  # never below 1 MiB: the lock time per GiB would climb
+        (64, 8 * MiB, 8 * MiB),  # a value given is taken as given
+        (8, 64 * 1024, 64 * 1024),
+    ],
+)
+def test_the_receive_buffer_keeps_a_pulls_buffers_within_32_mib_unless_told_otherwise(
+    concurrency: int, read_chunk: int | None, buffer: int
+) -> None:
+    assert receive_buffer_bytes(Settings(concurrency=concurrency, read_chunk_bytes=read_chunk)) == buffer
+
+
+@given(st.integers(1, 256))
+def test_a_pulls_receive_buffers_take_32_mib_or_one_mib_a_connection_at_most(concurrency: int) -> None:
+    buffer = receive_buffer_bytes(Settings(concurrency=concurrency))
+    assert MiB <= buffer <= 4 * MiB
+    assert concurrency * buffer <= max(32 * MiB, concurrency * MiB)

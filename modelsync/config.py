@@ -146,7 +146,7 @@ class Settings:
 #: receive buffer per connection, unless the pull's buffers would pass RECEIVE_BUFFERS_BYTES. Each
 #: buffer costs a receive, a write and a hash call, each taking the interpreter lock again: at
 #: 4 MiB a pull held the lock 0.07-0.09 s a GiB against 0.17-0.22 at 1 MiB, and spent a quarter
-#: less CPU (BENCHMARKS.md, "The receive buffer")
+#: less CPU (BENCHMARKS.md, "Issue 18: the receive buffer")
 RECEIVE_BUFFER_BYTES = 4 * MiB
 #: what a pull's receive buffers take together at most, unless `read_chunk_bytes` says otherwise:
 #: a pod's memory limit sized for the default concurrency holds at any concurrency

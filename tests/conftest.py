@@ -39,6 +39,7 @@ Add new fixtures below the matching section, with a docstring that says why they
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,6 +84,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "workers at once; install the pytest pyproject.toml names",
             pytrace=False,
         )
+
+
+# ---- signals ------------------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let the CLI children hear Ctrl-C even when the suite was started with SIGINT ignored.
+
+    A shell without job control starts a background command (`.ci/run &`) with SIGINT ignored,
+    every child inherits that, and a pull then rightly keeps running through a SIGINT, as under
+    `nohup`: the tests that interrupt a command would fail for the way the suite was started. A
+    handled signal is reset to its default in each child, an ignored one is not."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ---- S3: in-thread moto ------------------------------------------------------------

@@ -9,6 +9,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -157,27 +158,39 @@ def _count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return counted
 
 
+def _pull_counting(
+    monkeypatch: pytest.MonkeyPatch,
+    files: dict[str, bytes],
+    config: Settings,
+    fetcher_for: Callable[[FakeStore], FakeFetcher],
+) -> dict[str, int]:
+    """Pull `files` through `fetcher_for`'s fetcher; every file must come whole and every byte be
+    hashed once. What was hashed from a receive buffer ("inline") and what was read back."""
+    store = FakeStore()
+    store.put_model(REF, files)
+    counted = _count_hashed_bytes(monkeypatch)
+    backends = fake_backends(store, fetcher_for(store))
+    result = ensure_ready(pull_rules(config, REF), backends=backends, options=ReadyOptions())
+    for name, body in files.items():
+        assert (result.path / name).read_bytes() == body
+    assert counted["inline"] + counted["read back"] == sum(map(len, files.values()))
+    return counted
+
+
 def test_a_model_of_many_shards_is_hashed_from_the_receive_buffers_not_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four files of eight parts through a window of four, from a store whose answers land in any
     order: every byte is hashed once, and most from the receive buffer, not read back."""
     files = {f"shard-{i}.bin": os.urandom(8 * PART) for i in range(4)}
-    store = FakeStore()
-    store.put_model(REF, files)
-    counted = _count_hashed_bytes(monkeypatch)
     config = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=4)
 
     # each answer takes 0-5 ms, so parts in flight together land in any order
-    jittery = FakeFetcher(store, on_start=lambda _req: time.sleep(random.random() * 0.005))
-    backends = fake_backends(store, jittery)
-    result = ensure_ready(pull_rules(config, REF), backends=backends, options=ReadyOptions())
+    def jittery(store: FakeStore) -> FakeFetcher:
+        return FakeFetcher(store, on_start=lambda _req: time.sleep(random.random() * 0.005))
 
-    for name, body in files.items():
-        assert (result.path / name).read_bytes() == body
-    total = sum(map(len, files.values()))
-    assert counted["inline"] + counted["read back"] == total
-    assert counted["inline"] >= 0.75 * total, counted
+    counted = _pull_counting(monkeypatch, files, config, jittery)
+    assert counted["inline"] >= 0.75 * sum(map(len, files.values())), counted
 
 
 def test_small_files_are_hashed_from_the_receive_buffer_and_a_broken_body_is_read_back(
@@ -186,19 +199,11 @@ def test_small_files_are_hashed_from_the_receive_buffer_and_a_broken_body_is_rea
     """Files of one part are made whole in a transfer thread, a batch a trip: each hashed as it is
     written; a body that breaks off is resumed, and what the broken try wrote is read back."""
     files = {f"f-{i:03d}.bin": os.urandom(3 * PART + i) for i in range(40)}
-    store = FakeStore()
-    store.put_model(REF, files)
-    broken = f"{REF.prefix}f-007.bin"
-    fetcher = FakeFetcher(store, faults={broken: [cut_after(PART + 100)]})
-    counted = _count_hashed_bytes(monkeypatch)
     config = Settings(cache_dir=tmp_path / "cache", concurrency=4)
 
-    backends = fake_backends(store, fetcher)
-    result = ensure_ready(pull_rules(config, REF), backends=backends, options=ReadyOptions())
+    def breaking_one(store: FakeStore) -> FakeFetcher:
+        return FakeFetcher(store, faults={f"{REF.prefix}f-007.bin": [cut_after(PART + 100)]})
 
-    for name, body in files.items():
-        assert (result.path / name).read_bytes() == body
-    total = sum(map(len, files.values()))
-    assert counted["inline"] + counted["read back"] == total
+    counted = _pull_counting(monkeypatch, files, config, breaking_one)
     # the broken try's bytes are read back (the retry's hasher starts afresh), every other file's not
     assert counted["read back"] == len(files["f-007.bin"]), counted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from modelsync.adapters.digest import READ_BYTES, WINDOW_BYTES, PrefixHasher, hash_fd
+from modelsync.adapters import page_cache
+from modelsync.adapters.digest import MAP_BYTES, READ_BYTES, WINDOW_BYTES, PrefixHasher, hash_fd
 
 MiB = 1024 * 1024
 
@@ -39,16 +41,27 @@ def _md5s(data: bytes, part_bytes: int) -> tuple[bytes, ...]:
     return tuple(hashlib.md5(p).digest() for p in parts)
 
 
+#: how each prefix is fed: read into a buffer, mapped, or the two in turn (a transfer's buffers
+#: and the read back of a pull alternate so)
+FEEDS = {
+    "read": lambda h, fd, end, _i: h.feed(fd, end),
+    "mapped": lambda h, fd, end, _i: h.feed_mapped(fd, end),
+    "both": lambda h, fd, end, i: (h.feed if i % 2 else h.feed_mapped)(fd, end),
+}
+
+
+@pytest.mark.parametrize("how", sorted(FEEDS))
 @pytest.mark.parametrize("size_bytes", SIZES)
 def test_prefix_hasher_fed_in_uneven_prefixes_gives_the_whole_file_digests(
-    tmp_path: Path, size_bytes: int
+    tmp_path: Path, size_bytes: int, how: str
 ) -> None:
     fd, data = _file(tmp_path, size_bytes)
-    md5_part_bytes = 5 * MiB + 3  # straddles reads and windows
+    md5_part_bytes = 5 * MiB + 3  # straddles reads, windows and mappings
     try:
         hasher = PrefixHasher(size_bytes, md5_part_bytes, sha256=True)
-        for end in (size_bytes // 7, size_bytes // 3 + 1, size_bytes // 3 + 1, size_bytes - 1, size_bytes):
-            hasher.feed(fd, end)
+        ends = (size_bytes // 7, size_bytes // 3 + 1, size_bytes // 3 + 1, size_bytes - 1, size_bytes)
+        for i, end in enumerate(ends):  # prefixes that end mid-page, so mappings start mid-page
+            FEEDS[how](hasher, fd, end, i)
         got = hasher.digest()
     finally:
         os.close(fd)
@@ -67,6 +80,41 @@ def test_unsigned_hashing_computes_no_sha256_and_no_md5(tmp_path: Path) -> None:
     assert got.sha256 is None
     assert got.part_md5s == ()
 
+
+
+def test_a_read_back_that_cannot_map_reads_instead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without libc (or with a mapping refused), `feed_mapped` reads the bytes the way `feed` does."""
+    monkeypatch.setattr(page_cache, "_libc", lambda: None)
+    fd, data = _file(tmp_path, 2 * MAP_BYTES + 5)
+    read_bytes: list[int] = []
+    read = os.preadv
+
+    def counting_read(f: int, bufs: list[memoryview], at: int) -> int:
+        read_bytes.append(read(f, bufs, at))
+        return read_bytes[-1]
+
+    monkeypatch.setattr(os, "preadv", counting_read)
+    try:
+        hasher = PrefixHasher(len(data))
+        hasher.feed_mapped(fd, MAP_BYTES + 1)
+        hasher.feed_mapped(fd, len(data))
+        got = hasher.digest()
+    finally:
+        os.close(fd)
+    assert got.xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+    assert sum(read_bytes) == len(data)  # every byte read, once
+
+
+def test_a_mapped_view_is_read_only_and_gone_after_its_block(tmp_path: Path) -> None:
+    fd, data = _file(tmp_path, 3 * mmap.PAGESIZE)
+    try:
+        with page_cache.mapped(fd, mmap.PAGESIZE, 2 * mmap.PAGESIZE) as view:
+            assert view is not None and view.readonly
+            assert bytes(view) == data[mmap.PAGESIZE :]
+        with pytest.raises(ValueError, match="released"):
+            bytes(view)
+    finally:
+        os.close(fd)
 
 
 def _resident_bytes(path: Path) -> int:

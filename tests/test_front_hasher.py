@@ -137,23 +137,24 @@ def test_the_window_is_shared_evenly_by_the_files_still_being_admitted(
 
 
 def _count_hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Bytes hashed from a receive buffer ("inline") and read back, counted as the pull runs."""
+    """Bytes hashed from a receive buffer ("inline") and read back (mapped or copied), counted as the
+    pull runs: every byte hashed passes `_update`, and the inline ones come through `update`."""
     counted = {"inline": 0, "read back": 0}
     lock = threading.Lock()
-    feed, update = PrefixHasher.feed, PrefixHasher.update
+    hash_bytes, update = PrefixHasher._update, PrefixHasher.update
 
-    def counting_feed(self: PrefixHasher, fd: int, end: int) -> None:
-        before = self.position
-        feed(self, fd, end)
+    def counting_hash(self: PrefixHasher, data: memoryview) -> None:
+        hash_bytes(self, data)
         with lock:
-            counted["read back"] += self.position - before
+            counted["read back"] += len(data)
 
     def counting_update(self: PrefixHasher, data: memoryview) -> None:
         update(self, data)
         with lock:
             counted["inline"] += len(data)
+            counted["read back"] -= len(data)
 
-    monkeypatch.setattr(PrefixHasher, "feed", counting_feed)
+    monkeypatch.setattr(PrefixHasher, "_update", counting_hash)
     monkeypatch.setattr(PrefixHasher, "update", counting_update)
     return counted
 

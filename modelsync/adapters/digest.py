@@ -6,14 +6,17 @@ each newly completed stretch straight from the page cache, so when the last part
 lands almost nothing is left to hash: the verification pass overlaps with the
 download instead of following it.
 
-It reads the page cache with `preadv` into one 1 MiB buffer per thread, which the digests
-then take from the CPU cache. Both the read and the hashing release the interpreter lock
-(xxhash above 64 KiB, hashlib above 2 KiB), so hashing runs beside the transfer threads and
-holds the lock only between calls: about 1,000 times a GiB. Read-only mmap windows, used
-before, cost a little less CPU but held the lock through `mmap` and `munmap`, which wait for
-the address-space lock that every other thread's page faults take: with two hashers that was
-270 ms of lock per GiB, a third of the pull's serial time (BENCHMARKS.md, "The serial
-ceiling"). Memory: one buffer per thread that hashes, whatever the file's size.
+A whole-file read (`hash_fd`: verify, publish) uses `preadv` into one 1 MiB buffer per
+thread, which the digests then take from the CPU cache. Both the read and the hashing release
+the interpreter lock (xxhash above 64 KiB, hashlib above 2 KiB), so hashing runs beside the
+transfer threads and holds the lock only between calls: about 1,000 times a GiB. A pull's read
+back of the parts that landed ahead of its hasher maps the staging file instead, a window at a
+time (`feed_mapped`): the pages are hashed where they lie, without the copy out, which on this
+machine's kernel ran at 1-1.5 GB/s. Its mappings are made through ctypes, which lets go of the
+lock for `mmap` and `munmap`; Python's `mmap`, used before, held it through both while they
+waited for the address-space lock that every other thread's page faults take (270 ms of lock
+per GiB with two hashers, BENCHMARKS.md, "The serial ceiling"). Memory: one buffer per thread
+that reads, whatever the file's size; a mapping holds no memory of its own.
 
 SHA-256 (what an OpenSSF model signature lists) is computed in the same pass, from the same
 buffer, only when the caller asks: unsigned pulls pay nothing. The digests take the buffer
@@ -25,6 +28,7 @@ itself) took the interpreter lock again for every slice.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -36,6 +40,8 @@ from modelsync.adapters import page_cache
 #: bytes read and hashed per call: the CPU cache still holds them when the digests read them,
 #: and the interpreter lock is taken once per MiB
 READ_BYTES = 1024 * 1024
+#: a read back maps this much of the file at a time (`PrefixHasher.feed_mapped`)
+MAP_BYTES = 8 * 1024 * 1024
 #: a whole-file read manages the page cache a window at a time (adapters/page_cache.py)
 WINDOW_BYTES = 8 * 1024 * 1024
 #: a file up to this size is read without asking which of its pages were cached: for a 64 KiB
@@ -102,6 +108,28 @@ class PrefixHasher:
                 raise ValueError(f"file ends at {self.position}, before {end}")
             self._update(view if n == len(view) else view[:n])
             self.position += n
+
+    def feed_mapped(self, fd: int, end: int) -> None:
+        """Hash `[position, end)` of `fd` through read-only mappings, a window at a time: a pull's
+        read back of the parts that landed ahead of the hasher.
+
+        A mapped page is hashed where it lies, not copied out first: reading back the three
+        16 MiB parts of a cold 64 MiB pull took 32-48 ms with `preadv` and 11-17 ms mapped
+        (BENCHMARKS.md, "Reading back through a mapping"). Only for a file no one else can
+        shorten, a pull's staging file under its model's lock: a mapped page past the end of
+        the file is SIGBUS, not an exception. Blocking, like `feed`.
+        """
+        end = min(end, self.size_bytes)
+        while self.position < end:
+            base = self.position - self.position % mmap.PAGESIZE
+            stop = min(end, base + MAP_BYTES)
+            with page_cache.mapped(fd, base, stop - base) as window:
+                if window is None:
+                    self.feed(fd, end)
+                    return
+                with window[self.position - base :] as stretch:
+                    self._update(stretch)
+            self.position = stop
 
     def update(self, data: memoryview) -> None:
         """Hash `data`, the bytes at `position`: a stretch still in a receive buffer, not read back."""

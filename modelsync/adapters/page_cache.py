@@ -12,10 +12,12 @@ Without `mincore` (no libc found) nothing is dropped: the read is still correct,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
 import os
+from collections.abc import Iterator
 
 from modelsync.adapters.libc import load_libc
 
@@ -39,6 +41,47 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
+@contextlib.contextmanager
+def _mapping(fd: int, offset: int, length: int) -> Iterator[int | None]:
+    """The address of `[offset, offset + length)` of `fd` mapped read-only for the block, or None
+    when it cannot be (no libc, or the kernel refused)."""
+    libc = _libc()
+    addr = None
+    if libc is not None and length > 0:
+        addr = libc.mmap(None, length, _PROT_READ, _MAP_SHARED, fd, offset)
+    if libc is None or addr is None or addr == _MAP_FAILED:
+        yield None
+        return
+    try:
+        yield addr
+    finally:
+        libc.munmap(addr, length)
+
+
+@contextlib.contextmanager
+def mapped(fd: int, offset: int, length: int) -> Iterator[memoryview | None]:
+    """`[offset, offset + length)` of `fd` as a read-only view for the block, or None when it cannot
+    be mapped: the caller then reads it instead.
+
+    Through ctypes, which lets go of the interpreter lock for `mmap` and `munmap`: Python's own
+    `mmap` holds it through both, and they wait for the address-space lock that every other
+    thread's page faults take. The view is released on the way out, before the unmap. `offset`
+    must be a multiple of the page size, and the file at least `offset + length` long: a mapped
+    page past its end is SIGBUS, not an exception.
+    """
+    with _mapping(fd, offset, length) as addr:
+        if addr is None:
+            yield None
+            return
+        writable = memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
+        view = writable.toreadonly()  # the pages are mapped read-only: a write would be SIGSEGV
+        try:
+            yield view
+        finally:
+            view.release()
+            writable.release()
+
+
 def resident_pages(fd: int, offset: int, length: int) -> bytes | None:
     """One byte per page of `[offset, offset + length)`, bit 0 set where the page is cached.
 
@@ -46,18 +89,13 @@ def resident_pages(fd: int, offset: int, length: int) -> bytes | None:
     kernel refused the mapping): then the caller keeps every page.
     """
     libc = _libc()
-    if libc is None or length <= 0:
-        return None
-    addr = libc.mmap(None, length, _PROT_READ, _MAP_SHARED, fd, offset)
-    if addr is None or addr == _MAP_FAILED:
-        return None
-    try:
+    with _mapping(fd, offset, length) as addr:
+        if libc is None or addr is None:
+            return None
         vec = ctypes.create_string_buffer(-(-length // mmap.PAGESIZE))
         if libc.mincore(addr, length, vec) != 0:
             return None
         return vec.raw
-    finally:
-        libc.munmap(addr, length)
 
 
 def drop_new_pages(fd: int, offset: int, before: bytes | None) -> None:

@@ -5,7 +5,8 @@ part at a hasher's position feeds it each buffer as it is written (`FrontHasher`
 so those bytes are hashed from the receive buffer and never read back: reading a
 landed part back from the page cache cost 0.87-0.89 CPU s/GiB on a 2-core VM, all
 of what a pull spent beyond rclone (BENCHMARKS.md, "A cold pull's timeline").
-What landed ahead of the hasher is read back in the default executor's threads, a
+What landed ahead of the hasher is read back, through a mapping of the staging
+file (`PrefixHasher.feed_mapped`), in the default executor's threads, a
 few files at a time (`HASH_SLOTS`, or one per usable core when SHA-256 is computed
 too), a turn of `HASH_TURN_BYTES` each; every turn frees its share of the backlog
 (engine/backlog.py) and, on disk, writes the hashed range behind.
@@ -59,7 +60,7 @@ class FrontHasher:
     def feed(self, fd: int, end: int) -> None:
         """Read back and hash from the hasher's position to `end` (nothing if it is there already)."""
         with self._feeding:
-            self.hasher.feed(fd, end)
+            self.hasher.feed_mapped(fd, end)
 
 
 class LandedPrefix:

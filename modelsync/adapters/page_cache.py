@@ -17,12 +17,15 @@ import ctypes
 import functools
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
 from modelsync.adapters.libc import load_libc
 
 _PROT_READ, _MAP_SHARED = 1, 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
+#: PyBUF_READ: the view refuses writes (the pages are mapped read-only: a write would be SIGSEGV)
+_PYBUF_READ = 0x100
 #: mincore's byte per page as 1 (cached) or 0, so runs are found with bytes.find, not a Python loop
 _CACHED_BIT = bytes(i & 1 for i in range(256))
 
@@ -39,6 +42,16 @@ def _libc() -> ctypes.CDLL | None:
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     return libc
+
+
+@functools.cache
+def _memory_view() -> Callable[[int, int, int], memoryview]:
+    """The C API's `PyMemoryView_FromMemory`: a view of memory Python does not own, read-only from
+    the start, in one call (a ctypes array over it would need a new array type per length)."""
+    make = ctypes.pythonapi.PyMemoryView_FromMemory
+    make.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+    make.restype = ctypes.py_object
+    return cast("Callable[[int, int, int], memoryview]", make)
 
 
 @contextlib.contextmanager
@@ -73,13 +86,11 @@ def mapped(fd: int, offset: int, length: int) -> Iterator[memoryview | None]:
         if addr is None:
             yield None
             return
-        writable = memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
-        view = writable.toreadonly()  # the pages are mapped read-only: a write would be SIGSEGV
+        view = _memory_view()(addr, length, _PYBUF_READ)
         try:
             yield view
         finally:
             view.release()
-            writable.release()
 
 
 def resident_pages(fd: int, offset: int, length: int) -> bytes | None:

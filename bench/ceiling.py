@@ -36,7 +36,7 @@ from pathlib import Path
 from bench import data, fsinfo, options
 from bench.contenders import contender_env, modelsync_binary
 from bench.data import DataSet, GiB
-from bench.harness import BenchError, clear, ensure_tools, run_main, run_timeout
+from bench.harness import BenchError, clear, compile_modelsync, ensure_tools, run_main, run_timeout
 from bench.nginx import NginxEndpoint
 from bench.report import render_table, write_record
 
@@ -177,6 +177,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     ensure_tools({"nginx"})
     root = options.data_root(args)
     shapes = pairs(root)
+    compile_modelsync([tree for _name, tree in args.variant])
     endpoint = stack.enter_context(NginxEndpoint(root))
     tmpfs = Path(tempfile.mkdtemp(prefix="modelsync-ceiling-", dir=args.tmpfs_dir))
     stack.callback(clear, tmpfs)

@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench import data, fsinfo, options
-from bench.contenders import NAMES, Contender, make_contenders, versions
+from bench import REPO, data, fsinfo, options
+from bench.contenders import NAMES, Contender, make_contenders, versions, with_variants
 from bench.data import GiB, MiB, Prepared
 from bench.harness import Run, clear, compile_modelsync, ensure_tools, measure, run_main, run_points, verify
 from bench.nginx import NginxEndpoint
@@ -153,6 +153,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "per ranged GET: only with --small")
     ap.add_argument("--concurrency", type=int, help="passed to modelsync pull as --concurrency")
     ap.add_argument("--part-size", help="passed to modelsync pull as --part-size (e.g. 16M)")
+    ap.add_argument("--variant", action="append", metavar="NAME=TREE",
+                    help="a modelsync source tree (the parent of modelsync/) to measure as the row "
+                    "modelsync@NAME, interleaved with the others; repeat it to A/B trees (ratios are "
+                    "to the first; start-up and warm pull measure the first). Default: this checkout")
     ap.add_argument("--keep-data", action="store_true",
                     help="keep the generated data for the next run (otherwise it is deleted at "
                     "exit); a complete data set found there is always reused")
@@ -161,6 +165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          ("endpoint", ENDPOINTS)):
         setattr(args, opt, options.choose(ap, opt, getattr(args, opt), allowed))
     options.check(ap, args)
+    args.variant = options.variants(args.variant) if args.variant else []
     if "moto" in args.endpoint and not args.small:
         ap.error("--endpoint moto reads whole objects per ranged GET; use it with --small only")
     return args
@@ -178,8 +183,9 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     if "nginx" in args.endpoint or {"warm-pull", "cold-64m"} & set(args.only):
         need.add("nginx")
     ensure_tools(need)
-    compile_modelsync()
-    contenders = make_contenders(args.contenders, extra)  # after installing: gaps may be filled
+    compile_modelsync([REPO, *(tree for _name, tree in args.variant)])
+    # after installing: gaps may be filled
+    contenders = with_variants(make_contenders(args.contenders, extra), args.variant)
     all_sets = data.datasets(args.small)
     throughput = [all_sets[s] for s in args.only if s != "warm-pull"]
     wanted = throughput + ([all_sets["warm-100"]] if "warm-pull" in args.only else [])
@@ -211,7 +217,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     prepared = {ds.name: data.prepare(ds, root) for ds in wanted}
     print("contenders:")
     for c in contenders:
-        print(f"  {c.name:9s} {(c.missing and f'skipped: {c.missing}') or c.settings}")
+        print(f"  {c.row:9s} {(c.missing and f'skipped: {c.missing}') or c.settings}")
     runnable = [c for c in contenders if not c.missing]
 
     runs: list[Run] = []
@@ -234,7 +240,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                     if ds.name in TMPFS_ONLY and dest_kind != "tmpfs":
                         continue
                     case = f"{ds.name} {endpoint_kind} {dest_kind}"
-                    points = [c.point(case, "", prepared[ds.name], bases[dest_kind] / c.name,
+                    points = [c.point(case, "", prepared[ds.name], bases[dest_kind] / c.row,
                                       endpoint.url, work, flush=dest_kind != "tmpfs")
                               for c in runnable if dest_kind == "tmpfs" or c.disk_too]
                     these = list(run_points(points, args.rounds, work, args.quiet_wait))
@@ -265,7 +271,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     write_record(args.results_dir, "compare", {
         "small": args.small, "endpoints": args.endpoint, "rounds": args.rounds,
         "versions": versions(contenders),
-        "settings": {c.name: (c.missing and f"skipped: {c.missing}") or c.settings for c in contenders},
+        "settings": {c.row: (c.missing and f"skipped: {c.missing}") or c.settings for c in contenders},
         "measures": "wall_s: spawn to exit (+ sync -f for disk); cpu_s: user+sys of the "
                     "contender and its reaped descendants (os.wait4); maxrss_mib: largest single "
                     "process of the tree (ru_maxrss; floor ~10 MiB, the launcher's); load_1m and "

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from support.s3env import S3Env
@@ -56,6 +56,14 @@ class Contender:
     disk_too: bool = True  # curl writes to /dev/null, so a disk destination means nothing
     #: modelsync pull options (--concurrency, --part-size) for this contender
     extra: tuple[str, ...] = ()
+    #: the modelsync source tree to run (`--variant`), through PYTHONPATH; None: this checkout
+    tree: Path | None = None
+    #: the name of its rows, `modelsync@<variant>` for a variant; empty: `name`
+    title: str = ""
+
+    @property
+    def row(self) -> str:
+        return self.title or self.name
 
     def point(self, case: str, label: str, prep: Prepared, dest: Path, url: str, work: Path, *,
               flush: bool = False) -> Point:
@@ -67,6 +75,8 @@ class Contender:
             argv = [str(modelsync_binary()), "pull", ds.uri, "--cache-dir", str(dest),
                     "--endpoint-url", url, "--quiet", *self.extra]
             root = dest / ds.bucket / PREFIX
+            if self.tree is not None:
+                env["PYTHONPATH"] = str(self.tree)
         elif self.name == "s5cmd":
             argv = [str(s5cmd_binary()), "--endpoint-url", url, *S5CMD_GLOBAL, "cp", *S5CMD_CP,
                     f"s3://{ds.bucket}/{PREFIX}/*", f"{dest}/"]
@@ -91,7 +101,7 @@ class Contender:
             argv, root = curl_argv(ds, url, work), None
         else:
             raise AssertionError(self.name)
-        return Point(case, label, self.name, argv, env, ((root, prep),), dest, flush)
+        return Point(case, label, self.row, argv, env, ((root, prep),), dest, flush)
 
 
 def curl_argv(ds: DataSet, url: str, work: Path) -> list[str]:
@@ -145,6 +155,15 @@ def make_contenders(names: list[str], modelsync_extra: tuple[str, ...] = ()) -> 
         ),
     }
     return [table[name] for name in names]
+
+
+def with_variants(contenders: list[Contender], variants: list[tuple[str, Path]]) -> list[Contender]:
+    """modelsync once per source tree (`--variant NAME=TREE`), each a row of its own, in its place."""
+    if not variants:
+        return contenders
+    return [v for c in contenders for v in (
+        [replace(c, tree=tree, title=f"modelsync@{name}", settings=f"{c.settings}, {tree}")
+         for name, tree in variants] if c.name == "modelsync" else [c])]
 
 
 def versions(contenders: list[Contender]) -> dict[str, str]:

@@ -246,16 +246,19 @@ def run_points(points: Sequence[Point], rounds: int, work: Path, quiet_wait_s: f
 # --------------------------------------------------------------------------- the process
 
 
-def compile_modelsync() -> None:
-    """Byte-compile modelsync's modules, as pip does when it installs the image's wheel.
+def compile_modelsync(trees: Sequence[Path] = (REPO,)) -> None:
+    """Byte-compile modelsync's modules in each source tree measured, as pip does when it
+    installs the image's wheel.
 
     An editable checkout run with PYTHONDONTWRITEBYTECODE=1 (this machine exports it)
     compiles every modelsync module again in every measured process: about 20 ms of CPU
-    in a warm pull and more in a cold one, which no node pays.
+    in a warm pull and more in a cold one, which no node pays. An A/B's other tree (a
+    worktree with no `__pycache__` yet) would pay it and this one not.
     """
     import compileall
 
-    compileall.compile_dir(REPO / "modelsync", quiet=1)
+    for tree in trees:
+        compileall.compile_dir(tree / "modelsync", quiet=1)
 
 
 def run_main(prog: str, run: Callable[[contextlib.ExitStack], int]) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from bench import data, fsinfo, options
 from bench.contenders import contender_env, modelsync_binary
 from bench.data import DataSet, GiB
-from bench.harness import BenchError, clear, ensure_tools, run_main, run_timeout
+from bench.harness import BenchError, clear, compile_modelsync, ensure_tools, run_main, run_timeout
 from bench.nginx import NginxEndpoint
 from bench.report import render_table, write_record
 from bench.signature_probe import Sampler
@@ -83,6 +83,7 @@ def measure(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[flo
 
 def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     ensure_tools({"nginx"})
+    compile_modelsync([tree for _name, tree in args.variant])
     root = options.data_root(args)
     ds: DataSet = data.prepare(data.datasets(small=False)["model-set-6g"], root).dataset
     endpoint = stack.enter_context(NginxEndpoint(root))

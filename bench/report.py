@@ -31,7 +31,7 @@ class Summary:
     files_per_s: float | None = None
     cpu_s_per_gib: float | None = None
     peak_rss_mib: float | None = None
-    #: this contender's median ÷ modelsync's in the same case and label
+    #: this contender's median ÷ modelsync's (the first variant's) in the same case and label
     time_vs_modelsync: float | None = None
     #: slowest round ÷ fastest: how stable the contender is here
     max_min: float | None = None
@@ -58,11 +58,16 @@ def summarise(points: Sequence[Point], runs: Sequence[Run]) -> list[Summary]:
             s.peak_rss_mib = max(r.maxrss_mib for r in ok)
         rows.append(s)
     for s in rows:
-        base = next((b.median_wall_s for b in rows if (b.case, b.label, b.contender)
-                     == (s.case, s.label, "modelsync")), None)
+        base = next((b.median_wall_s for b in rows if (b.case, b.label) == (s.case, s.label)
+                     and is_modelsync(b.contender)), None)
         if base and s.median_wall_s:
             s.time_vs_modelsync = s.median_wall_s / base
     return rows
+
+
+def is_modelsync(contender: str) -> bool:
+    """A modelsync row: `modelsync`, or `modelsync@<variant>` (the first of those is the ratios' base)."""
+    return contender == "modelsync" or contender.startswith("modelsync@")
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -73,7 +78,7 @@ def summary_table(title: str, rows: list[Summary], md: bool, x_name: str | None 
     """The rows of one table; with `x_name`, a first column holds each row's label (a curve)."""
     by_files = all(s.files >= 100 for s in rows)
     rate = "files/s" if by_files else "GiB/s"
-    peers = any(s.contender != "modelsync" for s in rows)  # else the ratio is 1.00 throughout
+    peers = len({s.contender for s in rows}) > 1  # else the ratio is 1.00 throughout
     head = [*([x_name] if x_name else []), "contender", "wall s", rate, "CPU s/GiB",
             "peak RSS MiB", *(["time ÷ modelsync's"] if peers else []), "max/min", "rounds s"]
     body = []

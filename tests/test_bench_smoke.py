@@ -135,6 +135,23 @@ def test_the_bench_harness_runs_and_times_the_cold_start(tmp_path: Path) -> None
     assert len(list((tmp_path / "results").glob("*.json"))) == 1
 
 
+def test_the_bench_measures_two_source_trees_as_rows_of_their_own(tmp_path: Path) -> None:
+    """`--variant NAME=TREE` twice: each tree a modelsync row, interleaved, ratios to the first."""
+    done = subprocess.run(
+        [str(REPO / "scripts" / "bench"), "--small", "--rounds", "1", "--only", "small-files",
+         "--dest", "tmpfs", "--endpoint", "nginx", "--contenders", "modelsync",
+         "--variant", f"a={REPO}", "--variant", f"b={REPO}",
+         "--cache-dir", str(tmp_path / "cache"), "--results-dir", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (record,) = (tmp_path / "results").glob("*.json")
+    rows = {row["contender"]: row for row in json.loads(record.read_text())["summary"]}
+    assert set(rows) == {"modelsync@a", "modelsync@b"}
+    assert rows["modelsync@a"]["time_vs_modelsync"] == 1.0
+    assert rows["modelsync@b"]["ok_runs"] == 1 and rows["modelsync@b"]["time_vs_modelsync"] > 0
+
+
 def test_the_signature_benchmark_pulls_unsigned_and_signed_and_states_the_budget(tmp_path: Path) -> None:
     """A smoke run of scripts/bench signature on tmpfs; its record, never its timing, is checked."""
     done = subprocess.run(

@@ -1,4 +1,5 @@
-"""The data plane's request type, shared by the engine's fetcher port and the HTTP adapter.
+"""The data plane's request type and its write callback, shared by the engine's fetcher port and the
+HTTP adapter.
 
 It lives in core so that the port (engine/ports.py) owns it while the adapter
 that implements the port (adapters/http/client.py) can still name it:
@@ -7,7 +8,7 @@ dependencies point inward, never from adapters up to the engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -27,3 +28,8 @@ class RangeRequest:
     etag: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     size_bytes: int | None = None
+
+
+#: told of each stretch of a body as it is written, `(file offset, bytes)`, while the receive buffer
+#: still holds it: the file's hasher takes it from there instead of reading it back
+OnWritten = Callable[[int, memoryview], None]

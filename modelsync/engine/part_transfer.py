@@ -22,7 +22,7 @@ from modelsync.core.retry import PartRetries, RetryPolicy
 from modelsync.core.units import format_duration
 from modelsync.core.verify import misstated_size
 from modelsync.engine.events import PullEvents
-from modelsync.engine.ports import Backends, RangeRequest
+from modelsync.engine.ports import Backends, OnWritten, RangeRequest
 from modelsync.engine.presigned import PresignedUrls
 from modelsync.engine.pull_job import PullJob
 from modelsync.engine.transfer_threads import TransferThreads, in_thread
@@ -209,7 +209,7 @@ class PartTransfer:
         fd: int,
         req: RangeRequest,
         start: int,
-        on_written: Callable[[int, memoryview], None] | None = None,
+        on_written: OnWritten | None = None,
     ) -> int:
         """One ranged GET into the file (in a transfer thread); on disk, start writing it back.
         `on_written`: the file's hasher, offered each stretch as it is written."""

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from modelsync.core.ranges import RangeRequest
+from modelsync.core.ranges import OnWritten, RangeRequest
 from modelsync.core.refs import ModelRef
 from modelsync.engine.throttle import StoreGate
 
@@ -26,6 +26,7 @@ __all__ = [
     "Backends",
     "ObjectStore",
     "ObjectWriter",
+    "OnWritten",
     "OpenBackends",
     "OpenWriter",
     "RangeFetcher",
@@ -72,7 +73,7 @@ class RangeFetcher(Protocol):
         fd: int,
         file_offset: int,
         on_progress: Callable[[int], None] | None = None,
-        on_written: Callable[[int, memoryview], None] | None = None,
+        on_written: OnWritten | None = None,
     ) -> int:
         """Write bytes `[req.start, req.end)` at `file_offset` of `fd`; the bytes written.
 

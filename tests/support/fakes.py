@@ -23,7 +23,7 @@ import xxhash
 from modelsync.core.manifest import MANIFEST_NAME, FileEntry, render_manifest
 from modelsync.core.parts import ObjectInfo
 from modelsync.core.refs import ModelRef
-from modelsync.engine.ports import Backends, OpenBackends, RangeRequest
+from modelsync.engine.ports import Backends, OnWritten, OpenBackends, RangeRequest
 from modelsync.errors import NotFoundError, ObjectChangedError, TransientFetchError
 
 _SCHEME = "fake://"
@@ -116,7 +116,7 @@ class FakeFetcher:
         fd: int,
         file_offset: int,
         on_progress: Callable[[int], None] | None = None,
-        on_written: Callable[[int, memoryview], None] | None = None,
+        on_written: OnWritten | None = None,
     ) -> int:
         if self.closed.is_set():
             raise RuntimeError("the fetcher is closed")

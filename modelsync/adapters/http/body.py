@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from modelsync.adapters.fs import storage_error
+from modelsync.core.ranges import OnWritten
 from modelsync.errors import LocalStorageError, TransientFetchError
 
 #: How often a transfer reports progress. Every report takes two locks and a clock read while
@@ -42,7 +43,7 @@ def receive_into_file(
     flags: int,
     limiter: RateLimiter | None,
     on_progress: Callable[[int], None] | None,
-    on_written: Callable[[int, memoryview], None] | None = None,
+    on_written: OnWritten | None = None,
 ) -> int:
     """Receive ``want`` body bytes through ``buf`` (its first ``early`` already there) into ``fd``.
 
@@ -88,7 +89,7 @@ def receive_into_file(
 
 
 def _write(
-    fd: int, data: memoryview, offset: int, on_written: Callable[[int, memoryview], None] | None
+    fd: int, data: memoryview, offset: int, on_written: OnWritten | None
 ) -> int:
     """`pwrite_all`, then the written bytes to `on_written` while they are still in the buffer."""
     n = pwrite_all(fd, data, offset)

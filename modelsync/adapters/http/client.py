@@ -46,7 +46,7 @@ from modelsync.adapters.http.conns import Conn, Connections
 from modelsync.adapters.http.exchange import MAX_ERROR_BODY_BYTES, Exchanges
 from modelsync.adapters.http.head import MAX_HEAD_BYTES, ResponseHead, check_range_head, size_mismatch
 from modelsync.adapters.http.route import Proxy, environ_proxy
-from modelsync.core.ranges import RangeRequest
+from modelsync.core.ranges import OnWritten, RangeRequest
 from modelsync.errors import UnexpectedResponseError
 
 __all__ = [
@@ -114,7 +114,7 @@ class RangeClient:
         fd: int,
         file_offset: int,
         on_progress: Callable[[int], None] | None = None,
-        on_written: Callable[[int, memoryview], None] | None = None,
+        on_written: OnWritten | None = None,
     ) -> int:
         """GET ``req``'s range and write its body at ``file_offset`` of ``fd``.
 

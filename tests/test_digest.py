@@ -105,6 +105,18 @@ def test_a_read_back_that_cannot_map_reads_instead(tmp_path: Path, monkeypatch: 
     assert sum(read_bytes) == len(data)  # every byte read, once
 
 
+def test_a_read_back_past_the_end_of_a_short_file_says_where_it_ends(tmp_path: Path) -> None:
+    """A staging file shorter than what its journal claimed landed: the read back raises, as `feed`
+    does, instead of mapping pages past the end (SIGBUS would kill the pull)."""
+    fd, data = _file(tmp_path, MAP_BYTES + 100)
+    try:
+        hasher = PrefixHasher(2 * MAP_BYTES)
+        with pytest.raises(ValueError, match=f"file ends at {len(data)}"):
+            hasher.feed_mapped(fd, 2 * MAP_BYTES)
+    finally:
+        os.close(fd)
+
+
 def test_a_mapped_view_is_read_only_and_gone_after_its_block(tmp_path: Path) -> None:
     fd, data = _file(tmp_path, 3 * mmap.PAGESIZE)
     try:

@@ -114,12 +114,17 @@ class PrefixHasher:
         read back of the parts that landed ahead of the hasher.
 
         A mapped page is hashed where it lies, not copied out first: reading back the three
-        16 MiB parts of a cold 64 MiB pull took 32-48 ms with `preadv` and 11-17 ms mapped
-        (BENCHMARKS.md, "Reading back through a mapping"). Only for a file no one else can
-        shorten, a pull's staging file under its model's lock: a mapped page past the end of
-        the file is SIGBUS, not an exception. Blocking, like `feed`.
+        16 MiB parts of a cold 64 MiB pull took 32-48 ms with `preadv` and 16-19 ms mapped
+        (BENCHMARKS.md, "Issue 18: reading back through a mapping"). Only for a file no one
+        else can shorten, a pull's staging file under its model's lock: a mapped page past the
+        end of the file is SIGBUS, not an exception. A file already shorter than `end` (its
+        journal claimed what a crash lost) is read instead, which says where it ends. Blocking,
+        like `feed`.
         """
         end = min(end, self.size_bytes)
+        if end > self.position and os.fstat(fd).st_size < end:
+            self.feed(fd, end)
+            return
         while self.position < end:
             base = self.position - self.position % mmap.PAGESIZE
             stop = min(end, base + MAP_BYTES)

@@ -4,7 +4,10 @@ No number of cores makes a Python process faster than 1 / (the time per GiB duri
 of its threads holds the interpreter lock). `py-spy record --gil` samples only the thread that
 holds it, so its sample count divided by the rate is that time. Each shape is pulled at two
 sizes in the same round and the difference is divided by the difference in size: start-up
-(imports, the manifest, the first connection) cancels, and is reported apart.
+(imports, the manifest, the first connection) cancels, and is reported apart. A difference of
+two noisy measures is noisier than either (single rounds of one run ranged 0.025-0.236 s/GiB),
+so the big pull alone is reported beside it: its lock-held seconds over its size, start-up in,
+an upper bound of the steady figure that moves less from round to round.
 
 Shapes (every pull from the local nginx endpoint, the source in the page cache):
 
@@ -32,6 +35,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from bench import data, fsinfo, options
 from bench.contenders import contender_env, modelsync_binary
@@ -217,8 +221,22 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     return 1 if any(s.error for s in samples) else 0
 
 
-def slopes(samples: list[Sample], variant: str, shape: str, pair: Pair) -> list[tuple[float, float, float]]:
-    """Per round: (lock-held s per unit, start-up lock-held s, load), from the big and small pulls."""
+class Slope(NamedTuple):
+    """One round of one shape, from its big and small pulls."""
+
+    #: lock-held seconds per unit (GiB or file) in the steady state: the slope between the two pulls
+    per_unit: float
+    #: lock-held seconds of start-up, what the slope leaves of the small pull
+    startup_s: float
+    load: float
+    #: the big pull's lock-held seconds over its size, start-up included: one measure where the
+    #: slope is the difference of two, so steadier from round to round, and never below the slope
+    #: by more than start-up's share
+    big_alone: float
+
+
+def slopes(samples: list[Sample], variant: str, shape: str, pair: Pair) -> list[Slope]:
+    """Per round: the steady lock-held time per unit, start-up, load, and the big pull alone."""
     out = []
     for rnd in sorted({s.round for s in samples}):
         by = {s.size: s for s in samples
@@ -227,7 +245,8 @@ def slopes(samples: list[Sample], variant: str, shape: str, pair: Pair) -> list[
             steady = {size: s.lock_s - per_pull_lock_s(s) for size, s in by.items()}
             per_unit = (steady["big"] - steady["small"]) / (pair.units_big - pair.units_small)
             startup = by["small"].lock_s - per_unit * pair.units_small
-            out.append((per_unit, startup, max(by["big"].load_1m, by["small"].load_1m)))
+            out.append(Slope(per_unit, startup, max(by["big"].load_1m, by["small"].load_1m),
+                             by["big"].lock_s / pair.units_big))
     return out
 
 
@@ -238,24 +257,25 @@ def per_pull_lock_s(sample: Sample) -> float:
 
 def report(samples: list[Sample], shapes: dict[str, Pair], args: argparse.Namespace, md: bool) -> list[str]:
     head = ["variant", "shape", "lock-held (median)", "ceiling", "start-up lock s", "per round",
-            "load"]
+            "big pull alone", "load"]
     body = []
     for name, _tree in args.variant:
         for shape in args.shapes:
             rows = slopes(samples, name, shape, shapes[shape])
             if not rows:
                 continue
-            per_unit = statistics.median(r[0] for r in rows)
-            startup = statistics.median(r[1] for r in rows)
-            rounds = " / ".join(f"{r[0] * (1000 if shape == 'small-files' else 1):.3f}" for r in rows)
+            per_unit = statistics.median(r.per_unit for r in rows)
+            startup = statistics.median(r.startup_s for r in rows)
+            scale, unit = (1000, "ms/file") if shape == "small-files" else (1, "s/GiB")
+            rounds = " / ".join(f"{r.per_unit * scale:.3f}" for r in rows)
             if shape == "small-files":
-                lock = f"{per_unit * 1000:.3f} ms/file"
                 ceiling = f"{1 / per_unit:,.0f} files/s" if per_unit > 0 else "unbounded"
             else:
-                lock = f"{per_unit:.3f} s/GiB"
                 ceiling = f"{1 / per_unit:.1f} GiB/s" if per_unit > 0 else "unbounded"
-            loads = "-".join(f"{x:.1f}" for x in (min(r[2] for r in rows), max(r[2] for r in rows)))
-            body.append([name, shape, lock, ceiling, f"{startup:.2f}", rounds, loads])
+            alone = statistics.median(r.big_alone for r in rows) * scale
+            loads = "-".join(f"{x:.1f}" for x in (min(r.load for r in rows), max(r.load for r in rows)))
+            body.append([name, shape, f"{per_unit * scale:.3f} {unit}", ceiling, f"{startup:.2f}", rounds,
+                         f"{alone:.3f} {unit}", loads])
     errors = sorted({f"{s.variant} {s.shape} {s.size}: {s.error}" for s in samples if s.error})
     out = render_table(f"serial ceiling: interpreter-lock seconds, py-spy --gil at {RATE_HZ} Hz, "
                        f"medians of {args.rounds}", head, body, errors, md)

@@ -210,10 +210,11 @@ def test_the_ceilings_slope_counts_the_signature_bundles_check_as_start_up() -> 
     pair = Pair(DataSet("big", ()), DataSet("small", ()), 6.0, 2.0)
     # the bundle's check held the lock 0.9 s in the small pull and 0.4 s in the big one
     samples = [pulled("big", 120, 80), pulled("small", 40, 180)]
-    ((per_gib, startup_s, load),) = slopes(samples, "main", "tmpfs-signed", pair)
+    ((per_gib, startup_s, load, big_alone),) = slopes(samples, "main", "tmpfs-signed", pair)
     assert per_gib == pytest.approx((120 - 40) / RATE_HZ / 4)  # 0.10 s/GiB; -0.025 with the check
     assert startup_s == pytest.approx((40 + 180) / RATE_HZ - per_gib * 2)  # the check stays in the start-up
     assert load == 2.0
+    assert big_alone == pytest.approx((120 + 80) / RATE_HZ / 6)  # everything the big pull held, per GiB
 
 
 def test_a_bench_record_says_which_cpu_kernel_mitigations_and_interpreter_speed_it_ran_on() -> None:

@@ -167,23 +167,36 @@ def with_variants(contenders: list[Contender], variants: list[tuple[str, Path]])
 
 
 def versions(contenders: list[Contender]) -> dict[str, str]:
-    """Tool versions for the record; a tool that cannot say is reported as such."""
+    """Tool versions for the record, by row (each modelsync tree its commit, `+dirty` with changes
+    not committed); a tool that cannot say is reported as such."""
     probes = {
         "nginx": [find_nginx() or "nginx", "-v"], "s5cmd": [str(s5cmd_binary()), "version"],
         "rclone": ["rclone", "version"], "curl": ["curl", "--version"],
-        "modelsync": ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
     }
     out = {}
-    for name in ["nginx", *(c.name for c in contenders if not c.missing)]:
+    for row, name, tree in [("nginx", "nginx", None),
+                            *((c.row, c.name, c.tree) for c in contenders if not c.missing)]:
         if name == "boto3":
             import boto3
 
-            out[name] = boto3.__version__
+            out[row] = boto3.__version__
             continue
         try:
+            if name == "modelsync":
+                out[row] = _commit(tree or REPO)
+                continue
             done = subprocess.run(probes[name], capture_output=True, text=True, timeout=10)
             text = (done.stdout + done.stderr).strip().splitlines()
-            out[name] = text[0] if text else "?"
+            out[row] = text[0] if text else "?"
         except OSError as exc:
-            out[name] = f"unknown ({exc})"
+            out[row] = f"unknown ({exc})"
     return out
+
+
+def _commit(tree: Path) -> str:
+    """The tree's commit, `+dirty` when tracked files differ from it."""
+    git = ["git", "-C", str(tree)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
+    return (head.stdout.strip() or "?") + ("+dirty" if changed.stdout.strip() else "")

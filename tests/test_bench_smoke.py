@@ -146,8 +146,12 @@ def test_the_bench_measures_two_source_trees_as_rows_of_their_own(tmp_path: Path
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (record,) = (tmp_path / "results").glob("*.json")
-    rows = {row["contender"]: row for row in json.loads(record.read_text())["summary"]}
+    kept = json.loads(record.read_text())
+    rows = {row["contender"]: row for row in kept["summary"]}
     assert set(rows) == {"modelsync@a", "modelsync@b"}
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert kept["versions"]["modelsync@a"].startswith(head[:7])  # each tree's commit, by row
     assert rows["modelsync@a"]["time_vs_modelsync"] == 1.0
     assert rows["modelsync@b"]["ok_runs"] == 1 and rows["modelsync@b"]["time_vs_modelsync"] > 0
 

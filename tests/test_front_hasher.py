@@ -21,6 +21,7 @@ from support.fakes import FakeFetcher, FakeStore, cut_after, fake_backends
 from modelsync.adapters.digest import PrefixHasher
 from modelsync.config import Settings
 from modelsync.core.refs import parse_source
+from modelsync.engine import hashing
 from modelsync.engine.ensure import ReadyOptions, ensure_ready
 from modelsync.engine.fetch import Spread
 from modelsync.engine.hashing import FrontHasher
@@ -48,7 +49,7 @@ def test_parts_landing_in_any_order_and_offered_in_chunks_give_the_whole_file_di
     data = random.Random(seed).randbytes(size)
     fd = _file(tmp_path_factory.mktemp("f") / "f.bin", data)
     try:
-        front = FrontHasher(PrefixHasher(size, md5_part_bytes=part, sha256=True))
+        front = FrontHasher(PrefixHasher(size, md5_part_bytes=part, sha256=True), None)
         starts = list(range(0, size, part))
         random.Random(seed + 1).shuffle(starts)
         landed: set[int] = set()
@@ -75,7 +76,7 @@ def test_an_offer_away_from_the_hasher_is_turned_away_and_read_back_later(tmp_pa
     data = os.urandom(3 * PART)
     fd = _file(tmp_path / "f.bin", data)
     try:
-        front = FrontHasher(PrefixHasher(len(data)))
+        front = FrontHasher(PrefixHasher(len(data)), None)
         front.offer(PART, memoryview(data)[PART : 2 * PART])  # ahead of the hasher: not taken
         assert front.hasher.position == 0
         front.offer(0, memoryview(data)[:PART])  # at its position: taken from the buffer
@@ -95,7 +96,7 @@ def test_transfers_and_a_hash_slot_feeding_one_hasher_at_once_hash_each_byte_onc
     part, n_parts, chunk = 64 * 1024, 8, 4096
     data = os.urandom(part * n_parts)
     fd = _file(tmp_path / "f.bin", data)
-    front = FrontHasher(PrefixHasher(len(data)))
+    front = FrontHasher(PrefixHasher(len(data)), None)
     landed = [threading.Event() for _ in range(n_parts)]
 
     def transfer(i: int) -> None:
@@ -118,6 +119,100 @@ def test_transfers_and_a_hash_slot_feeding_one_hasher_at_once_hash_each_byte_onc
         assert front.hasher.digest().xxh3_128 == xxhash.xxh3_128_hexdigest(data)
     finally:
         os.close(fd)
+
+
+class _WrittenBehind:
+    """A file's write-behind that records each range, checks it is hashed already and contiguous
+    with the one before, and is slow enough (like a disk) for threads to meet at it."""
+
+    def __init__(self, hasher: PrefixHasher) -> None:
+        self.hasher = hasher
+        self.ranges: list[tuple[int, int]] = []
+        self.overlapped = False
+        self._busy = threading.Lock()
+
+    def __call__(self, start: int, end: int) -> None:
+        if not self._busy.acquire(blocking=False):
+            self.overlapped = True  # two threads waiting for the disk at once
+            return
+        try:
+            assert end <= self.hasher.position, "written behind before it was hashed"
+            assert start == (self.ranges[-1][1] if self.ranges else 0), (start, self.ranges)
+            self.ranges.append((start, end))
+            time.sleep(0.001)
+        finally:
+            self._busy.release()
+
+
+def test_a_transfer_writes_behind_each_step_it_hashed_before_its_part_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hashed front of a part leaves the page cache while the part is still received: the
+    transfer that fed the hasher writes behind each `FOLLOW_BEHIND_BYTES`, and the hash slot the rest."""
+    monkeypatch.setattr(hashing, "FOLLOW_BEHIND_BYTES", 3 * PART)
+    data = os.urandom(8 * PART + 100)
+    fd = _file(tmp_path / "f.bin", data)
+    hasher = PrefixHasher(len(data))
+    written = _WrittenBehind(hasher)
+    front = FrontHasher(hasher, written)
+    try:
+        for at in range(0, len(data), PART):  # one part's buffers, in order
+            front.offer(at, memoryview(data)[at : at + PART])
+        assert written.ranges == [(0, 3 * PART), (3 * PART, 6 * PART)]
+        assert front.lags() and front.behind == 6 * PART
+        front.feed(fd, len(data))  # the part landed: its hash slot's turn writes behind the rest
+        front.catch_up()
+        assert written.ranges[-1] == (6 * PART, len(data)) and not front.lags()
+    finally:
+        os.close(fd)
+
+
+def test_without_a_disk_nothing_lags_and_nothing_is_written_behind(tmp_path: Path) -> None:
+    data = os.urandom(2 * PART)
+    front = FrontHasher(PrefixHasher(len(data)), None)
+    front.offer(0, memoryview(data))
+    front.catch_up()
+    assert front.hasher.position == len(data) and not front.lags() and front.behind == 0
+
+
+def test_transfers_and_a_hash_slot_write_behind_one_range_at_a_time_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight transfers offer their parts while a hash slot reads back and catches up, all writing
+    behind: the ranges are disjoint, in order, never ahead of the hasher, never two at once, and
+    together the whole file."""
+    monkeypatch.setattr(hashing, "FOLLOW_BEHIND_BYTES", 8192)
+    part, n_parts, chunk = 64 * 1024, 8, 4096
+    data = os.urandom(part * n_parts)
+    fd = _file(tmp_path / "f.bin", data)
+    hasher = PrefixHasher(len(data))
+    written = _WrittenBehind(hasher)
+    front = FrontHasher(hasher, written)
+    landed = [threading.Event() for _ in range(n_parts)]
+
+    def transfer(i: int) -> None:
+        for at in range(i * part, (i + 1) * part, chunk):
+            front.offer(at, memoryview(data)[at : at + chunk])
+        landed[i].set()
+
+    def hash_slot() -> None:
+        for i in range(n_parts):
+            landed[i].wait()
+            front.feed(fd, (i + 1) * part)
+            front.catch_up()
+
+    threads = [threading.Thread(target=transfer, args=(i,)) for i in range(n_parts)]
+    threads.append(threading.Thread(target=hash_slot))
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        os.close(fd)
+    assert not written.overlapped
+    assert written.ranges[-1][1] == len(data) and front.behind == len(data)
+    assert len(written.ranges) > 1, "the transfers wrote behind as they went"
 
 
 @pytest.mark.parametrize(
@@ -208,3 +303,37 @@ def test_small_files_are_hashed_from_the_receive_buffer_and_a_broken_body_is_rea
     counted = _pull_counting(monkeypatch, files, config, breaking_one)
     # the broken try's bytes are read back (the retry's hasher starts afresh), every other file's not
     assert counted["read back"] == len(files["f-007.bin"]), counted
+
+
+def test_on_disk_a_pull_writes_each_buffer_back_as_it_lands_and_behind_as_it_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of eight parts pulled in order onto a disk: writeback starts for every byte as it is
+    written, and the transfers that fed the hasher write it behind, in order, all of it, before the
+    file's last part lands."""
+    from modelsync.adapters import writeback
+
+    monkeypatch.setattr(hashing, "FOLLOW_BEHIND_BYTES", PART)
+    started: list[tuple[int, int]] = []
+    behind: list[tuple[str, int, int]] = []
+    start_writeback, write_behind = writeback.start_writeback, writeback.write_behind
+
+    def recording_start(fd: int, start: int, length: int) -> None:
+        started.append((start, length))
+        start_writeback(fd, start, length)
+
+    def recording_behind(fd: int, start: int, length: int) -> None:
+        behind.append((threading.current_thread().name, start, length))
+        write_behind(fd, start, length)
+
+    monkeypatch.setattr(writeback, "start_writeback", recording_start)
+    monkeypatch.setattr(writeback, "write_behind", recording_behind)
+    data = os.urandom(8 * PART)
+    config = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=1)
+    _pull_counting(monkeypatch, {"big.bin": data}, config, FakeFetcher)
+    assert sorted(started) == [(at, PART) for at in range(0, len(data), PART)]
+    ranges = [(start, start + length) for _, start, length in behind]
+    assert [end for _, end in ranges[:-1]] == [start for start, _ in ranges[1:]], ranges
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
+    by_transfers = [name for name, _, _ in behind if name.startswith("modelsync-get")]
+    assert len(by_transfers) >= 7, behind

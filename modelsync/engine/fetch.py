@@ -159,7 +159,7 @@ class FetchWindow:
     async def _fetch_parts(self, work: FileWork, hasher: PrefixHasher) -> None:
         """The general path: the file open while its parts land in any order and a hasher follows."""
         fd = await self._open(work.file, fresh=not work.done)
-        prefix = LandedPrefix(work, hasher, fd, FileBacklog(self._backlog))
+        prefix = LandedPrefix(work, self._hashers.front(hasher, fd), fd, FileBacklog(self._backlog))
         try:
             with first_error():
                 await self._fetch_missing(work, prefix)

@@ -211,12 +211,13 @@ class PartTransfer:
         start: int,
         on_written: OnWritten | None = None,
     ) -> int:
-        """One ranged GET into the file (in a transfer thread); on disk, start writing it back.
-        `on_written`: the file's hasher, offered each stretch as it is written."""
-        written = self._fetcher.fetch_into(req, fd, start, self._events.fetched, on_written)
+        """One ranged GET into the file (in a transfer thread); on disk, each stretch starts on its
+        way to the disk as it is written, before the hasher sees it, so the write-behind that
+        follows the hasher finds it under way. `on_written`: the file's hasher, offered each
+        stretch as it is written."""
         if self._staging.on_disk:
-            writeback.start_writeback(fd, start, written)
-        return written
+            on_written = functools.partial(_start_writeback, fd, on_written)
+        return self._fetcher.fetch_into(req, fd, start, self._events.fetched, on_written)
 
     def _note_throttling(self, exc: TransientFetchError) -> None:
         """Say once why the pull slows down: a long quiet wait would look like a hang."""
@@ -226,3 +227,10 @@ class PartTransfer:
                 f"the store asks for less load ({exc.status} {exc.reason}); every transfer slows down "
                 f"and keeps retrying, for up to {format_duration(self._policy.budget_s)} without progress"
             )
+
+
+def _start_writeback(fd: int, then: OnWritten | None, offset: int, data: memoryview) -> None:
+    """Start writing a stretch just written to the disk, then offer it to `then` (the hasher)."""
+    writeback.start_writeback(fd, offset, len(data))
+    if then is not None:
+        then(offset, data)

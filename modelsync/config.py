@@ -79,7 +79,7 @@ class Settings:
     #: size of one ranged GET, bytes, between MIN_PART_BYTES and MAX_PART_BYTES; a resumed
     #: pull keeps the part size its journal was written with for the files it had started
     part_size_bytes: int = field(
-        default=16 * MiB, metadata={"env": "MODELSYNC_PART_SIZE"}
+        default=32 * MiB, metadata={"env": "MODELSYNC_PART_SIZE"}
     )
     #: cap on the pull's download rate, bytes per second; 0 means no cap
     max_bandwidth_bytes_per_s: int = field(default=0, metadata={"env": "MODELSYNC_MAX_BANDWIDTH"})

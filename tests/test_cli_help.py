@@ -28,7 +28,7 @@ SETTING_OPTIONS: dict[str, tuple[str | None, str, str]] = {
     "--endpoint-url": ("endpoint_url", "AWS_ENDPOINT_URL", "the AWS endpoint"),
     "--region": ("region", "AWS_REGION", "us-east-1"),
     "--concurrency": ("concurrency", "MODELSYNC_CONCURRENCY", "8"),
-    "--part-size": ("part_size_bytes", "MODELSYNC_PART_SIZE", "16Mi"),
+    "--part-size": ("part_size_bytes", "MODELSYNC_PART_SIZE", "32Mi"),
     "--max-bandwidth": ("max_bandwidth_bytes_per_s", "MODELSYNC_MAX_BANDWIDTH", "0"),
     "--insecure": ("insecure", "MODELSYNC_INSECURE", "off"),
     "--budget": ("cache_budget", "MODELSYNC_CACHE_MAX_BYTES", "none"),

@@ -222,7 +222,7 @@ def test_a_resume_says_when_it_keeps_the_part_size_of_the_interrupted_pull(
     if resume_with == "1Mi":
         assert notes == []
     else:
-        wanted = "4.0 MiB" if resume_with else "16.0 MiB"
+        wanted = "4.0 MiB" if resume_with else "32.0 MiB"
         assert notes == [
             "note: resuming with the part size of the interrupted pull (1.0 MiB) for the files it had "
             f"started, to keep their written parts; {wanted} applies to the others"

@@ -105,7 +105,7 @@ PartSize = Annotated[
             "part_size_bytes",
             f"Bytes per ranged GET or upload part, {format_bytes(MIN_PART_BYTES)} to "
             f"{format_bytes(MAX_PART_BYTES)}.",
-            "16Mi",
+            "32Mi",
         ),
     ),
 ]

@@ -220,10 +220,13 @@ def rate_text(files: int, total_bytes: int, wall_s: float) -> str:
 
 def run_points(points: Sequence[Point], rounds: int, work: Path, quiet_wait_s: float = 0.0
                ) -> Iterator[Run]:
-    """Every point once per round, interleaved (A B C, A B C, ...), so drift hits all alike."""
+    """Every point once per round, interleaved, so drift hits all alike, and each round starting one
+    further along (A B C, B C A, C A B, ...): whatever slows the first runs on a fresh destination
+    (a host's first writes to a loop image) does not fall on one contender every time."""
     timeout = run_timeout(max(pt.total_bytes for pt in points))
     for rnd in range(1, rounds + 1):
-        for pt in points:
+        turn = (rnd - 1) % len(points)
+        for pt in [*points[turn:], *points[:turn]]:
             clear(pt.dest)
             pt.dest.mkdir(parents=True)
             if pt.flush:

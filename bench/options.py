@@ -15,7 +15,7 @@ def parser(prog: str, list_opt: str, choices: tuple[str, ...], description: str)
     ap.add_argument(f"--{list_opt}", default=",".join(choices), metavar="NAME[,...]",
                     help=f"what to run, from {', '.join(choices)}")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="interleaved rounds (A B C, A B C, ...); tables show medians")
+                    help="interleaved rounds; tables show medians")
     ap.add_argument("--small", action="store_true",
                     help="quick smoke run on small data sets (64 MiB object, 8 x 8 MiB shards, "
                     "200 small files)")

@@ -113,13 +113,34 @@ def test_access_log_times_each_request_and_marks_ranged_gets(endpoint: NginxEndp
     assert line.startswith("GET /bucket/model/weights.bin") and ranged and not plain
 
 
-def test_loop_mount_makes_a_fresh_file_system_and_removes_it(tmp_path: Path) -> None:
-    if reason := why_not("xfs"):
+@pytest.mark.parametrize("kind", ["xfs", "ext4"])
+def test_loop_mount_makes_a_fresh_file_system_and_removes_it(kind: str, tmp_path: Path) -> None:
+    if reason := why_not(kind):
         pytest.skip(reason)
-    with loop_mount("xfs", 512 * 1024 * 1024, tmp_path) as mount:
+    with loop_mount(kind, 512 * 1024 * 1024, tmp_path) as mount:
         (mount / "probe").write_bytes(b"x")
-        assert fs_type(mount) == "xfs"
+        assert fs_type(mount) == kind
     assert not mount.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_each_round_starts_one_contender_further_along(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever slows a fresh destination's first run must not fall on one contender every round."""
+    from bench import harness
+
+    ran: list[str] = []
+
+    def measure(argv: list[str], env: dict[str, str], **_kw: object) -> harness.Measured:
+        ran.append(argv[0])
+        return harness.Measured(1.0, 0.0, 0.5, 0.1, 10.0, 0, "", "")
+
+    monkeypatch.setattr(harness, "measure", measure)
+    monkeypatch.setattr(harness, "verify", lambda *_a, **_kw: None)
+    points = [harness.Point("case", "", name, [name], {}, (), tmp_path / name) for name in "ABC"]
+    runs = list(harness.run_points(points, 4, tmp_path))
+    assert ran == list("ABC" "BCA" "CAB" "ABC")
+    assert [r.round for r in runs] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
 
 
 def test_the_bench_harness_runs_and_times_the_cold_start(tmp_path: Path) -> None:

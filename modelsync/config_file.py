@@ -19,8 +19,8 @@ import errno
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from modelsync.core.file_kind import file_kind
 from modelsync.errors import ConfigError, FileTooLargeError, NotARegularFileError
@@ -43,8 +43,7 @@ _OPEN = {"[": "]", "{": "}"}
 _QUOTES = ('"""', "'''", '"', "'")
 
 
-@dataclass(frozen=True, slots=True)
-class Unusable:
+class Unusable(NamedTuple):
     """A file value set aside before parsing; reading its setting raises ConfigError with `reason`."""
 
     reason: str

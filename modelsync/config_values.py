@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from modelsync.core.units import format_bytes, format_duration, parse_duration, parse_rate, parse_size
@@ -57,8 +57,7 @@ MIN_PART_BYTES = MiB
 MAX_PART_BYTES = 1024 * MiB
 
 
-@dataclass(frozen=True, slots=True)
-class CacheBudget:
+class CacheBudget(NamedTuple):
     """The cache's size budget: a byte count, or a share of the cache filesystem's size."""
 
     size_bytes: int | None = None

@@ -500,13 +500,21 @@ def test_a_manifest_damaged_in_transit_is_fetched_again_by_the_sdk(
 
 #: what a cold pull must not load: the S3 SDK, the full command line, and what only other paths
 #: need (a refusal's date, removals, retries' jitter, size parsing, `ctypes.util`'s ldconfig);
-#: and the collector must run again once the pull's code is in (__main__ holds it off until then)
+#: and the collector must run again once the pull's code is in (__main__ holds it off until then).
+#: The line before names the dataclasses it made, each class's methods compiled as it is imported.
 REPORTING_IMPORTS = (
-    "import gc, sys\n"
+    "import dataclasses, gc, sys\n"
+    "made = []\n"
+    "process_class = dataclasses._process_class\n"
+    "def counting(cls, *args):\n"
+    "    made.append(cls.__qualname__)\n"
+    "    return process_class(cls, *args)\n"
+    "dataclasses._process_class = counting\n"
     "from modelsync.__main__ import main\n"
     "try:\n"
     "    main()\n"
     "finally:\n"
+    "    print(sorted(made), file=sys.stderr)\n"
     "    print(sorted(m for m in ('aiobotocore', 'botocore', 'aiohttp', 'urllib3', 'typer', '_strptime',"
     " 'email', 'shutil', 'random', 'decimal', 'ctypes.util') if m in sys.modules)"
     " + ([] if gc.isenabled() else ['collector off']), file=sys.stderr)\n"
@@ -549,6 +557,27 @@ def test_a_cold_pull_of_a_model_without_a_manifest_never_imports_the_s3_sdk(
     assert done.returncode == 0, done.stderr
     assert (Path(done.stdout.splitlines()[-1]) / "weights.bin").read_bytes() == WEIGHTS
     assert done.stderr.splitlines()[-1] == "[]"
+
+
+#: the dataclasses a cold pull may make: those that need what a NamedTuple lacks (a field left out of
+#: repr, a default factory, keyword-only fields, mutable state, a field named like a tuple method).
+#: Each costs 0.3-2 ms of start-up to compile its methods; the other records on this path are
+#: NamedTuples (docs/ARCHITECTURE.md, "Values").
+COLD_PATH_DATACLASSES = [
+    "Backends", "Credentials", "JournalState", "Part", "PartRetries", "PullJob", "RangeRequest",
+    "ReadyOptions", "ResponseHead", "Settings",
+]
+
+
+def test_a_cold_pull_makes_only_the_dataclasses_that_need_to_be_dataclasses(
+    tmp_path: Path, child_env: dict[str, str], s3_client: BaseClient, bucket: str
+) -> None:
+    ref = put_model(s3_client, bucket, manifest=False)
+
+    done = cold_pull(no_proxy_env(child_env, tmp_path), ref, tmp_path / "cache")
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-2] == str(COLD_PATH_DATACLASSES)
 
 
 def test_a_cold_pull_with_keys_in_a_credentials_file_goes_through_the_sdk(

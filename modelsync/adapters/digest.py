@@ -31,7 +31,7 @@ import hashlib
 import mmap
 import os
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -74,8 +74,7 @@ def sha256_slots() -> int:
     return max(2, min(16, len(os.sched_getaffinity(0))))
 
 
-@dataclass(frozen=True, slots=True)
-class FileDigest:
+class FileDigest(NamedTuple):
     xxh3_128: str
     #: raw MD5 of each `md5_part_bytes` slice, when asked for (ETag checks)
     part_md5s: tuple[bytes, ...] = ()

@@ -17,8 +17,8 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from modelsync.adapters import fs
 from modelsync.core.lifecycle import CacheState
@@ -59,8 +59,7 @@ _SCHEMA_IF_MISSING = _SCHEMA.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXIST
 )
 
 
-@dataclass(frozen=True, slots=True)
-class IndexedModel:
+class IndexedModel(NamedTuple):
     model: str
     source: str
     state: CacheState
@@ -72,8 +71,7 @@ class IndexedModel:
     signer: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class IndexedFile:
+class IndexedFile(NamedTuple):
     model: str
     path: str
     size_bytes: int

@@ -12,9 +12,8 @@ import enum
 import errno
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from modelsync.adapters import fs
 from modelsync.errors import UnreadableFileError
@@ -31,8 +30,7 @@ class Kind(enum.Enum):
     OTHER = "other"
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     kind: Kind
     #: the apparent size of a regular file
     size_bytes: int = 0

@@ -17,8 +17,8 @@ signature policy (core/signature.py):
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from modelsync.core.manifest import MANIFEST_NAME
 from modelsync.core.refs import ModelRef
@@ -44,8 +44,7 @@ def parse_manifest_mode(text: str) -> ManifestMode:
         raise UsageError(f"manifest policy {text!r} is not one of required, if-present") from None
 
 
-@dataclass(frozen=True, slots=True)
-class ManifestRule:
+class ManifestRule(NamedTuple):
     #: `bucket/prefix/` (or `bucket/`) the rule covers; "" covers everything
     scope: str
     mode: ManifestMode

@@ -26,9 +26,9 @@ last entry holding it is evicted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import NamedTuple
 
 from modelsync.core.lifecycle import CacheState
 from modelsync.core.units import format_bytes, format_duration
@@ -39,8 +39,7 @@ _NOTHING_PROTECTED: Mapping[str, str] = MappingProxyType({})
 _SUMMARY_NAMES = 5
 
 
-@dataclass(frozen=True, slots=True)
-class Blob:
+class Blob(NamedTuple):
     """One physical file: `key` is (device, inode), shared by every hard link to it.
 
     For a PULLING entry the caller may also describe reserved, not yet written
@@ -51,8 +50,7 @@ class Blob:
     size_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
+class CacheEntry(NamedTuple):
     """What eviction needs to know about one cached model (an index row)."""
 
     model: str
@@ -70,16 +68,14 @@ class CacheEntry:
         return sum(blob.size_bytes for blob in self.blobs)
 
 
-@dataclass(frozen=True, slots=True)
-class Protection:
+class Protection(NamedTuple):
     """Why a model was not eligible, so "it can never fit" can say what is in the way."""
 
     model: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class EvictionPlan:
+class EvictionPlan(NamedTuple):
     """Models to evict, in order, and what that achieves.
 
     `satisfied` is always `freed_bytes >= needed_bytes`. When it is False,
@@ -121,8 +117,7 @@ class EvictionPlan:
         return f"evict {count}, freeing {freed}{needed}"
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetUse:
+class BudgetUse(NamedTuple):
     """Where the cache stands against its budget, as `ls`, `plan`, the daemon and eviction all see it."""
 
     #: bytes on disk: each physical file once, plus space claimed by running pulls

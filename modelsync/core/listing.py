@@ -10,7 +10,7 @@ SDK, whose answer and errors are the reference.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import unquote
 
 from modelsync.core.parts import ObjectInfo
@@ -19,8 +19,7 @@ from modelsync.core.parts import ObjectInfo
 LIST_PARAMS = {"list-type": "2", "encoding-type": "url"}
 
 
-@dataclass(frozen=True, slots=True)
-class ListPage:
+class ListPage(NamedTuple):
     objects: tuple[ObjectInfo, ...]
     #: where the next page starts; None on the last page
     next_token: str | None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.core.keys import safe_relative_path
 from modelsync.errors import ManifestError
@@ -35,8 +35,7 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 _HEX128 = re.compile(r"^[0-9a-f]{32}$")
 
 
-@dataclass(frozen=True, slots=True)
-class FileEntry:
+class FileEntry(NamedTuple):
     path: str
     #: `size` in the manifest and the completion record
     size_bytes: int
@@ -44,8 +43,7 @@ class FileEntry:
     etag: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Manifest:
+class Manifest(NamedTuple):
     files: tuple[FileEntry, ...]
 
     @property

@@ -9,7 +9,7 @@ it. Prefixes nest by whole path segments: `org/m/` holds `org/m/v1/`, not `org/m
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.core.refs import ModelRef
 from modelsync.errors import NestedModelError
@@ -21,8 +21,7 @@ def holds(outer: ModelRef, inner: ModelRef) -> bool:
     return same_bucket and outer.prefix != inner.prefix and inner.prefix.startswith(outer.prefix)
 
 
-@dataclass(frozen=True, slots=True)
-class Nesting:
+class Nesting(NamedTuple):
     """A ready model inside another ready model (a cache from before this rule)."""
 
     outer: ModelRef

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.core.keys import safe_relative_path
 from modelsync.errors import UnsafeKeyError
@@ -25,8 +26,7 @@ class Part:
         return self.end - self.start
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
+class ObjectInfo(NamedTuple):
     """One object as the store lists or heads it."""
 
     key: str
@@ -35,8 +35,7 @@ class ObjectInfo:
     etag: str
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteFile:
+class RemoteFile(NamedTuple):
     """One object of the model, as the manifest or the listing describes it."""
 
     key: str
@@ -48,8 +47,7 @@ class RemoteFile:
     xxh3_128: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class FileWork:
+class FileWork(NamedTuple):
     file: RemoteFile
     parts: tuple[Part, ...]
     #: indexes of parts the journal already holds for this ETag
@@ -64,8 +62,7 @@ class FileWork:
         return sum(p.size_bytes for p in self.missing)
 
 
-@dataclass(frozen=True, slots=True)
-class PullPlan:
+class PullPlan(NamedTuple):
     files: tuple[FileWork, ...]
 
     def __repr__(self) -> str:

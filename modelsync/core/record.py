@@ -18,7 +18,7 @@ verified before it was made ready; records without it were not checked.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.core.manifest import FileEntry, parse_file_entry
 from modelsync.errors import ManifestError
@@ -28,8 +28,7 @@ VERSION = 1
 VERIFIERS = ("manifest", "etag-md5", "etag-multipart", "size")
 
 
-@dataclass(frozen=True, slots=True)
-class CompletionRecord:
+class CompletionRecord(NamedTuple):
     source: str
     completed_at: float
     verified_by: str

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from modelsync.core.keys import safe_relative_path
 from modelsync.errors import UnsafeKeyError, UsageError
@@ -21,8 +21,7 @@ _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _SLUG_READABLE_CHARS = 80
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ModelRef:
+class ModelRef(NamedTuple):
     bucket: str
     #: the key prefix, always ending in "/"
     prefix: str

@@ -23,7 +23,7 @@ import datetime as dt
 import functools
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
@@ -143,8 +143,7 @@ class RetryLimits(Protocol):
     def backoff_floor_s(self) -> float: ...
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetryPolicy(NamedTuple):
     """How long a part keeps trying, and how it spaces its attempts.
 
     A part gives up when it has made no progress for `budget_s`, or after

@@ -16,8 +16,8 @@ instants at which protections end.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from modelsync.core.eviction import CacheEntry, Protection, plan_eviction
 from modelsync.core.lifecycle import CacheState
@@ -28,8 +28,7 @@ _NAMED = 4
 _PAST_S = 0.001
 
 
-@dataclass(frozen=True, slots=True)
-class RoomForecast:
+class RoomForecast(NamedTuple):
     """The earliest instant (epoch seconds) the space frees, and what it waits for.
 
     `at` is None when the space never frees: what stands in the way does not end
@@ -89,7 +88,7 @@ def _finished(entry: CacheEntry, now: float, protected: Mapping[str, str]) -> Ca
     """A model being pulled as it will be at the earliest: ready now, so in use for one grace."""
     if entry.state is not CacheState.PULLING or entry.model in protected:
         return entry
-    return replace(entry, state=CacheState.READY, last_used_at=max(entry.last_used_at, now))
+    return entry._replace(state=CacheState.READY, last_used_at=max(entry.last_used_at, now))
 
 
 def _protected_until(entry: CacheEntry, grace_s: float, protected: Mapping[str, str]) -> float | None:

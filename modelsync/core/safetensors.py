@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.errors import MalformedModelError
 
@@ -63,8 +63,7 @@ DTYPE_BITS: Mapping[str, int] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     """What the scrub learned from one file's header."""
 
     tensors: frozenset[str]

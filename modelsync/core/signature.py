@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import NamedTuple
 
 from modelsync.core.refs import ModelRef
 from modelsync.core.scope import parse_scope
@@ -44,8 +44,7 @@ def parse_mode(text: str) -> Mode:
         raise UsageError(f"signature policy {text!r} is not one of required, if-present, off") from None
 
 
-@dataclass(frozen=True, slots=True)
-class Trust:
+class Trust(NamedTuple):
     """What a signature must chain to, and whom it may name."""
 
     #: PEM public keys (elliptic curve P-256/384/521) that may have signed
@@ -61,8 +60,7 @@ class Trust:
         return bool(self.public_keys or self.certificate_chain)
 
 
-@dataclass(frozen=True, slots=True)
-class SignatureRule:
+class SignatureRule(NamedTuple):
     #: `bucket/prefix/` (or `bucket/`) the rule covers; "" covers everything
     scope: str
     mode: Mode
@@ -85,7 +83,7 @@ def resolve(rules: tuple[SignatureRule, ...], ref: ModelRef) -> SignatureRule:
     rule = matching[0]
     trust = next((r.trust for r in matching if r.trust.anchored), rule.trust)
     identities = next((r.trust.identities for r in matching if r.trust.identities), ())
-    rule = replace(rule, trust=replace(trust, identities=identities))
+    rule = rule._replace(trust=trust._replace(identities=identities))
     if rule.mode is not Mode.OFF and not rule.trust.anchored:
         raise ConfigError(
             f"signature policy {rule.mode} for {ref.uri} names no trusted public key or certificate "
@@ -143,8 +141,7 @@ def _strings(raw: Mapping[str, object], key: str, where: str) -> tuple[str, ...]
     return tuple(value)
 
 
-@dataclass(frozen=True, slots=True)
-class SignedModel:
+class SignedModel(NamedTuple):
     """A signature whose envelope verified: who signed, and what they listed."""
 
     #: how `ls` and messages name the signer

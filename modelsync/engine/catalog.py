@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.index import IndexedModel
@@ -22,8 +22,7 @@ from modelsync.engine.index_sync import SyncedIndex
 from modelsync.errors import ModelsyncError, NotFoundError
 
 
-@dataclass(frozen=True, slots=True)
-class ModelView:
+class ModelView(NamedTuple):
     """One row of `modelsync ls`."""
 
     model: str

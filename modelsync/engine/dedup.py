@@ -7,7 +7,7 @@ accounting counts each inode once (core/eviction.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.adapters.cache import Cache, JournalState, Staging
 from modelsync.core.etag import EtagKind, etag_kind
@@ -16,8 +16,7 @@ from modelsync.core.refs import parse_model_name
 from modelsync.engine.catalog import Catalog
 
 
-@dataclass(frozen=True, slots=True)
-class Linked:
+class Linked(NamedTuple):
     """A file staged by a hard link to a cached copy, verified by what proved the copy the same."""
 
     xxh3_128: str

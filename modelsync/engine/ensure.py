@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from modelsync.adapters.cache import Cache
 from modelsync.adapters.cache.foreground import announce
@@ -43,8 +43,7 @@ if TYPE_CHECKING:
     from modelsync.engine.pull import Pulled
 
 
-@dataclass(frozen=True, slots=True)
-class PullResult:
+class PullResult(NamedTuple):
     path: Path
     total_bytes: int
     fetched_bytes: int

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.adapters import volume
 from modelsync.adapters.cache import Cache
@@ -35,8 +35,7 @@ from modelsync.engine.catalog import Catalog
 from modelsync.errors import DiskFullError
 
 
-@dataclass(frozen=True, slots=True)
-class EvictionResult:
+class EvictionResult(NamedTuple):
     evicted: tuple[str, ...]
     #: models the plan named that were being pulled (or refreshed) by then, left alone
     skipped: tuple[str, ...]
@@ -74,8 +73,7 @@ def evict(cache: Cache, catalog: Catalog, models: Iterable[str]) -> EvictionResu
 ROOM_POLL_S = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class RoomLater:
+class RoomLater(NamedTuple):
     """The space is not there now, but is forecast by `at` (epoch seconds), before the deadline."""
 
     at: float

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 
 from modelsync.adapters.cache import Staging
 from modelsync.adapters.digest import PrefixHasher
@@ -131,7 +130,7 @@ class FilePuller:
                 if fresh.etag == f.etag and fresh.size_bytes != f.size_bytes:
                     # the same object at another size: the manifest is wrong, whichever part saw it first
                     raise misstated_size(f"s3://{self.ref.bucket}/{f.key}", f, fresh.size_bytes) from None
-                work = restart(work, replace(f, size_bytes=fresh.size_bytes, etag=fresh.etag))
+                work = restart(work, f._replace(size_bytes=fresh.size_bytes, etag=fresh.etag))
                 self.window.forget_url(f)
 
     def _hasher(self, f: RemoteFile, md5_part: int | None) -> PrefixHasher:

@@ -6,8 +6,8 @@ milliseconds; importing aiobotocore alone would cost more than that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from modelsync.adapters import fs, model_files
 from modelsync.adapters.cache import Cache
@@ -17,8 +17,7 @@ from modelsync.core.refs import ModelRef
 from modelsync.errors import UnreadableFileError
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
+class Problem(NamedTuple):
     path: str
     reason: str
 
@@ -69,8 +68,7 @@ def full_check(root: Path, record: CompletionRecord, sha256s: dict[str, str] | N
     return problems
 
 
-@dataclass(frozen=True, slots=True)
-class Readiness:
+class Readiness(NamedTuple):
     """The one readiness rule, applied by every way a model is made ready (and the warm path).
 
     A model is ready when its completion record exists, its files pass

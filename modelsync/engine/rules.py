@@ -15,8 +15,7 @@ passed in already parsed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from modelsync.config import Settings
 from modelsync.core.completeness import ManifestMode, ManifestRule, resolve_manifest_rule
@@ -31,8 +30,7 @@ if TYPE_CHECKING:
 _IF_PRESENT = ManifestRule("", ManifestMode.IF_PRESENT)
 
 
-@dataclass(frozen=True, slots=True)
-class PullRules:
+class PullRules(NamedTuple):
     """The effective rules of one pull of one source; built by `pull_rules` only.
 
     Node-wide settings (budget, bandwidth cap, concurrency, timeouts) travel in

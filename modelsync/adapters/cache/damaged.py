@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from modelsync.adapters import model_files
 from modelsync.core.manifest import FileEntry
@@ -27,8 +27,7 @@ from modelsync.errors import ManifestError, ModelsyncError
 UNKNOWN_DIGEST = "0" * 32
 
 
-@dataclass(frozen=True, slots=True)
-class DamagedRecord:
+class DamagedRecord(NamedTuple):
     """A record file that cannot be read, and the model whose ready directory its name leads to."""
 
     path: Path

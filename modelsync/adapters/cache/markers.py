@@ -10,8 +10,8 @@ import contextlib
 import fcntl
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from modelsync.adapters import fs, volume
 from modelsync.adapters.cache.layout import Layout
@@ -19,8 +19,7 @@ from modelsync.adapters.cache.locks import lock_is_held
 from modelsync.core.refs import ModelRef
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(NamedTuple):
     """Space a running pull claimed: its source, the bytes, and what its staging held at the time."""
 
     source: str

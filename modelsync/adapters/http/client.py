@@ -38,7 +38,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from modelsync.adapters.http.answer import error_for_answer
 from modelsync.adapters.http.body import RateLimiter, receive_into_file
@@ -58,8 +58,7 @@ __all__ = [
 
 
 
-@dataclass(frozen=True, slots=True)
-class SmallAnswer:
+class SmallAnswer(NamedTuple):
     """A whole answer read into memory (``RangeClient.get_small``); header names are lower-case."""
 
     status: int

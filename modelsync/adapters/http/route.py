@@ -11,7 +11,7 @@ import base64
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from modelsync.adapters.http.head import MAX_HEAD_BYTES
@@ -25,8 +25,7 @@ from modelsync.errors import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
+class Endpoint(NamedTuple):
     """Where a URL's requests go: one keep-alive connection per thread and endpoint."""
 
     #: https: through a proxy, a CONNECT tunnel, then TLS end to end
@@ -36,8 +35,7 @@ class Endpoint:
     netloc: str
 
 
-@dataclass(frozen=True, slots=True)
-class Proxy:
+class Proxy(NamedTuple):
     """An http:// forward proxy, and the Proxy-Authorization value its URL carries."""
 
     host: str

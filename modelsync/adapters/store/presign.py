@@ -22,7 +22,7 @@ import datetime as dt
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 from modelsync.config import Settings
@@ -44,8 +44,7 @@ _REGION = re.compile(r"(?!\d+$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 EXPRESS_SUFFIXES = ("--x-s3", "--xa-s3")
 
 
-@dataclass(frozen=True, slots=True)
-class StaticRoute:
+class StaticRoute(NamedTuple):
     """A route signed here throughout: the endpoint's base URL, the region, the environment's keys."""
 
     #: the endpoint URL as configured, without a trailing slash; objects are at <base>/<bucket>/<key>

@@ -93,10 +93,17 @@ def test_transfers_and_a_hash_slot_feeding_one_hasher_at_once_hash_each_byte_onc
 ) -> None:
     """Eight threads offer their parts' buffers while a ninth reads back whatever it can: whoever
     feeds, the hasher sees the file's bytes once each, in order."""
-    part, n_parts, chunk = 64 * 1024, 8, 4096
+    front = FrontHasher(PrefixHasher(8 * 64 * 1024), None)
+    data = _race(front, tmp_path)
+    assert front.hasher.digest().xxh3_128 == xxhash.xxh3_128_hexdigest(data)
+
+
+def _race(front: FrontHasher, tmp_path: Path, part: int = 64 * 1024, chunk: int = 4096) -> bytes:
+    """Eight transfer threads offer the buffers of their parts of a file to `front` while a ninth,
+    a hash slot, reads back each part once it has landed and catches up; the file's bytes."""
+    n_parts = front.hasher.size_bytes // part
     data = os.urandom(part * n_parts)
     fd = _file(tmp_path / "f.bin", data)
-    front = FrontHasher(PrefixHasher(len(data)), None)
     landed = [threading.Event() for _ in range(n_parts)]
 
     def transfer(i: int) -> None:
@@ -108,6 +115,7 @@ def test_transfers_and_a_hash_slot_feeding_one_hasher_at_once_hash_each_byte_onc
         for i in range(n_parts):
             landed[i].wait()
             front.feed(fd, (i + 1) * part)
+            front.catch_up()
 
     threads = [threading.Thread(target=transfer, args=(i,)) for i in range(n_parts)]
     threads.append(threading.Thread(target=hash_slot))
@@ -116,9 +124,9 @@ def test_transfers_and_a_hash_slot_feeding_one_hasher_at_once_hash_each_byte_onc
             t.start()
         for t in threads:
             t.join(timeout=30)
-        assert front.hasher.digest().xxh3_128 == xxhash.xxh3_128_hexdigest(data)
     finally:
         os.close(fd)
+    return data
 
 
 class _WrittenBehind:
@@ -182,37 +190,14 @@ def test_transfers_and_a_hash_slot_write_behind_one_range_at_a_time_in_order(
     behind: the ranges are disjoint, in order, never ahead of the hasher, never two at once, and
     together the whole file."""
     monkeypatch.setattr(hashing, "FOLLOW_BEHIND_BYTES", 8192)
-    part, n_parts, chunk = 64 * 1024, 8, 4096
-    data = os.urandom(part * n_parts)
-    fd = _file(tmp_path / "f.bin", data)
-    hasher = PrefixHasher(len(data))
+    hasher = PrefixHasher(8 * 64 * 1024)
     written = _WrittenBehind(hasher)
     front = FrontHasher(hasher, written)
-    landed = [threading.Event() for _ in range(n_parts)]
-
-    def transfer(i: int) -> None:
-        for at in range(i * part, (i + 1) * part, chunk):
-            front.offer(at, memoryview(data)[at : at + chunk])
-        landed[i].set()
-
-    def hash_slot() -> None:
-        for i in range(n_parts):
-            landed[i].wait()
-            front.feed(fd, (i + 1) * part)
-            front.catch_up()
-
-    threads = [threading.Thread(target=transfer, args=(i,)) for i in range(n_parts)]
-    threads.append(threading.Thread(target=hash_slot))
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-    finally:
-        os.close(fd)
+    data = _race(front, tmp_path)
     assert not written.overlapped
     assert written.ranges[-1][1] == len(data) and front.behind == len(data)
     assert len(written.ranges) > 1, "the transfers wrote behind as they went"
+    assert hasher.digest().xxh3_128 == xxhash.xxh3_128_hexdigest(data)
 
 
 @pytest.mark.parametrize(

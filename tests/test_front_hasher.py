@@ -293,9 +293,9 @@ def test_small_files_are_hashed_from_the_receive_buffer_and_a_broken_body_is_rea
 def test_on_disk_a_pull_writes_each_buffer_back_as_it_lands_and_behind_as_it_is_hashed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A file of eight parts pulled in order onto a disk: writeback starts for every byte as it is
-    written, and the transfers that fed the hasher write it behind, in order, all of it, before the
-    file's last part lands."""
+    """A file of eight parts pulled in order onto a disk, each received a quarter at a time: each
+    receive buffer starts on its way to the disk as it is written, and the transfers that fed the
+    hasher write it behind, in order, all of it, before the file's last part lands."""
     from modelsync.adapters import writeback
 
     monkeypatch.setattr(hashing, "FOLLOW_BEHIND_BYTES", PART)
@@ -315,8 +315,8 @@ def test_on_disk_a_pull_writes_each_buffer_back_as_it_lands_and_behind_as_it_is_
     monkeypatch.setattr(writeback, "write_behind", recording_behind)
     data = os.urandom(8 * PART)
     config = Settings(cache_dir=tmp_path / "cache", part_size_bytes=PART, concurrency=1)
-    _pull_counting(monkeypatch, {"big.bin": data}, config, FakeFetcher)
-    assert sorted(started) == [(at, PART) for at in range(0, len(data), PART)]
+    _pull_counting(monkeypatch, {"big.bin": data}, config, lambda s: FakeFetcher(s, buffer_bytes=PART // 4))
+    assert sorted(started) == [(at, PART // 4) for at in range(0, len(data), PART // 4)]
     ranges = [(start, start + length) for _, start, length in behind]
     assert [end for _, end in ranges[:-1]] == [start for start, _ in ranges[1:]], ranges
     assert ranges[0][0] == 0 and ranges[-1][1] == len(data)

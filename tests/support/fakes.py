@@ -99,7 +99,8 @@ class FakeFetcher:
 
     `faults` maps an object key to the faults its next GETs meet, first one
     first; `corrupt` keys get their bytes flipped; `on_start` sees each GET as it
-    starts. Each answered GET is recorded.
+    starts. Each answered GET is recorded. The body is written, and offered to `on_written`,
+    `buffer_bytes` at a time, as the range client does with its receive buffer (whole if None).
     """
 
     store: FakeStore
@@ -108,6 +109,7 @@ class FakeFetcher:
     fetches: list[Fetch] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
     on_start: Callable[[RangeRequest], None] | None = None
+    buffer_bytes: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fetch_into(
@@ -134,9 +136,11 @@ class FakeFetcher:
         body = data[req.start : req.end]
         if key in self.corrupt:
             body = bytes(b ^ 0xFF for b in body)
-        os.pwrite(fd, body, file_offset)
-        if on_written is not None:
-            on_written(file_offset, memoryview(body))
+        step = self.buffer_bytes or max(1, len(body))
+        for at in range(0, len(body), step):
+            os.pwrite(fd, body[at : at + step], file_offset + at)
+            if on_written is not None:
+                on_written(file_offset + at, memoryview(body)[at : at + step])
         with self._lock:
             self.fetches.append(Fetch(key, req.start, req.end))
         if on_progress is not None:

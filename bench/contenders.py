@@ -157,13 +157,22 @@ def make_contenders(names: list[str], modelsync_extra: tuple[str, ...] = ()) -> 
     return [table[name] for name in names]
 
 
+#: the rows of modelsync's source trees (`--variant NAME=TREE`) are named `modelsync@NAME`
+_VARIANT_ROW = "modelsync@"
+
+
 def with_variants(contenders: list[Contender], variants: list[tuple[str, Path]]) -> list[Contender]:
     """modelsync once per source tree (`--variant NAME=TREE`), each a row of its own, in its place."""
     if not variants:
         return contenders
     return [v for c in contenders for v in (
-        [replace(c, tree=tree, title=f"modelsync@{name}", settings=f"{c.settings}, {tree}")
+        [replace(c, tree=tree, title=f"{_VARIANT_ROW}{name}", settings=f"{c.settings}, {tree}")
          for name, tree in variants] if c.name == "modelsync" else [c])]
+
+
+def is_modelsync(row: str) -> bool:
+    """A modelsync row: `modelsync`, or one of its source trees' (`with_variants`)."""
+    return row == "modelsync" or row.startswith(_VARIANT_ROW)
 
 
 def versions(contenders: list[Contender]) -> dict[str, str]:

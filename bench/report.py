@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.contenders import is_modelsync
 from bench.data import GiB
 from bench.harness import Point, Run, machine_info
 
@@ -58,16 +59,12 @@ def summarise(points: Sequence[Point], runs: Sequence[Run]) -> list[Summary]:
             s.peak_rss_mib = max(r.maxrss_mib for r in ok)
         rows.append(s)
     for s in rows:
+        # the first modelsync row (the first source tree measured) is the ratios' base
         base = next((b.median_wall_s for b in rows if (b.case, b.label) == (s.case, s.label)
                      and is_modelsync(b.contender)), None)
         if base and s.median_wall_s:
             s.time_vs_modelsync = s.median_wall_s / base
     return rows
-
-
-def is_modelsync(contender: str) -> bool:
-    """A modelsync row: `modelsync`, or `modelsync@<variant>` (the first of those is the ratios' base)."""
-    return contender == "modelsync" or contender.startswith("modelsync@")
 
 
 def _fmt(x: float | None, spec: str) -> str:

@@ -613,7 +613,9 @@ def test_verify_full_quarantines_a_corrupted_model_and_repair_fetches_only_the_b
     assert not os.path.lexists(cache.ready_path(model.ref))
     row = models_of(ls_json(run))[model.name]
     assert (row["state"], row["verified_at"]) == ("quarantined", None)
-    listed = [line.split() for line in run("ls").stdout.splitlines()]
+    # evictable now: its last use is past the in-use grace (1 s here, which the commands above
+    # may not take; none for this `ls`)
+    listed = [line.split() for line in run("ls", env={"MODELSYNC_IN_USE_GRACE": "0s"}).stdout.splitlines()]
     assert [model.name, "quarantined"] == listed[1][:2] and listed[1][-2:] == ["failed", "now"]
     fault_proxy.clear()
     repaired = run("verify", "--repair")
